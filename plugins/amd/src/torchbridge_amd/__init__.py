@@ -1,0 +1,1 @@
+"""TorchBridge's AMD ROCm backend plugin. Public API: `torchbridge.backends.amd`."""

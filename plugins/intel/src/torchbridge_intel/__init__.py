@@ -1,0 +1,1 @@
+"""TorchBridge's Intel XPU backend plugin. Public API: `torchbridge.backends.intel`."""

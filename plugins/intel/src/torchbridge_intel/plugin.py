@@ -1,0 +1,16 @@
+"""Hook implementations of the Intel plugin. Kept cheap to import: the entry point loads it."""
+
+from __future__ import annotations
+
+from torchbridge import hookimpl
+from torchbridge.selection import PRIORITY
+from torchbridge.types import Detection
+
+
+@hookimpl
+def torchbridge_detect() -> Detection:
+    from torchbridge_intel.probe import probe
+
+    found = probe()
+    return Detection("xpu", found.available, PRIORITY["xpu"], "xpu", found.device_count,
+                     "Intel", found.reason)

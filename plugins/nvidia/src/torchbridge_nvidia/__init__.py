@@ -1,0 +1,1 @@
+"""TorchBridge's NVIDIA CUDA backend plugin. Public API: `torchbridge.backends.nvidia`."""

@@ -1,0 +1,31 @@
+"""The probe seam: the only module that asks the CUDA runtime what is present.
+
+Tests replace `probe()` with recorded properties of real devices. Nothing here creates a
+CUDA context: torch.cuda.is_available() and device_count() query the driver only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class CudaProbe:
+    available: bool
+    device_count: int
+    reason: str | None
+
+
+def probe() -> CudaProbe:
+    if getattr(torch.version, "hip", None):
+        return CudaProbe(False, 0, "this torch is a ROCm build: its GPUs are AMD's "
+                                   "(torchbridge-amd), not NVIDIA's")
+    if torch.version.cuda is None:
+        return CudaProbe(False, 0, f"torch {torch.__version__} is built without CUDA; "
+                                   "install a CUDA build of torch")
+    if not torch.cuda.is_available():
+        return CudaProbe(False, 0, "no NVIDIA GPU visible to CUDA (no driver, or "
+                                   "CUDA_VISIBLE_DEVICES hides them)")
+    return CudaProbe(True, torch.cuda.device_count(), None)

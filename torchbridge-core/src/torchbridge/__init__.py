@@ -1,0 +1,79 @@
+"""TorchBridge: one API to find the best accelerator, describe it, manage its memory and
+prepare a model for it.
+
+    import torchbridge
+    backend = torchbridge.get_backend()          # best available: cuda, rocm, xpu, tpu, cpu
+    model = backend.prepare_model(model, level="O2")
+    print(torchbridge.optimization_result(model).summary())
+
+Importing this package is cheap: config (pydantic) and plugins load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torchbridge.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    DeviceError,
+    KernelCompilationError,
+    KernelError,
+    ModelOptimizationError,
+    OutOfMemoryError,
+    PluginError,
+    TorchBridgeError,
+)
+from torchbridge.hookspecs import hookimpl, hookspec
+from torchbridge.levels import OptimizationLevel
+from torchbridge.types import BackendStatus, Detection, DeviceInfo, MemoryStats
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from torchbridge.backend import Backend
+    from torchbridge.config import TorchBridgeConfig
+    from torchbridge.kernels import get_kernel
+    from torchbridge.optimize.passes import OptimizationPass, PassContext
+    from torchbridge.optimize.report import OptimizationResult, optimization_result
+    from torchbridge.plugins import register_plugin, reload_plugins, unregister_plugin
+    from torchbridge.selection import detect_best_backend, get_backend, list_backends
+
+# name -> module that defines it; imported on first attribute access.
+_LAZY = {
+    "Backend": "torchbridge.backend",
+    "TorchBridgeConfig": "torchbridge.config",
+    "get_kernel": "torchbridge.kernels",
+    "OptimizationPass": "torchbridge.optimize.passes",
+    "PassContext": "torchbridge.optimize.passes",
+    "OptimizationResult": "torchbridge.optimize.report",
+    "optimization_result": "torchbridge.optimize.report",
+    "register_plugin": "torchbridge.plugins",
+    "unregister_plugin": "torchbridge.plugins",
+    "reload_plugins": "torchbridge.plugins",
+    "get_backend": "torchbridge.selection",
+    "list_backends": "torchbridge.selection",
+    "detect_best_backend": "torchbridge.selection",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchbridge' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "Backend", "BackendStatus", "BackendUnavailableError", "ConfigurationError", "Detection",
+    "DeviceError", "DeviceInfo", "KernelCompilationError", "KernelError", "MemoryStats",
+    "ModelOptimizationError", "OptimizationLevel", "OptimizationPass", "OptimizationResult",
+    "OutOfMemoryError", "PassContext", "PluginError", "TorchBridgeConfig", "TorchBridgeError",
+    "detect_best_backend", "get_backend", "get_kernel", "hookimpl", "hookspec",
+    "list_backends", "optimization_result", "register_plugin", "reload_plugins",
+    "unregister_plugin", "__version__",
+]

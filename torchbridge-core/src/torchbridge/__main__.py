@@ -1,0 +1,5 @@
+import sys
+
+from torchbridge.cli import main
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""Seed-compatible entry points: `BackendFactory.create(detect_best_backend())`, and
+`torchbridge.backends.<vendor>` modules that re-export each vendor plugin's public API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchbridge.backend import Backend
+from torchbridge.selection import detect_best_backend, get_backend, list_backends
+
+
+def named_backend_class(backend_name: str, class_name: str) -> type[Backend]:
+    """A Backend subclass whose constructor selects `backend_name`, for the seeds'
+    `NVIDIABackend(config)` / `NVIDIABackend(optimization_level="O2")` style."""
+
+    def __init__(self: Backend, config: Any = None, *, optimization_level: Any = None,
+                 device_id: int = 0) -> None:
+        from torchbridge.config import TorchBridgeConfig
+        from torchbridge.selection import backend_status
+
+        if config is None:
+            config = TorchBridgeConfig.load()
+        if optimization_level is not None:
+            config = config.model_copy()
+            config.optimization_level = optimization_level
+        Backend.__init__(self, backend_status(backend_name), config, index=device_id)
+
+    return type(class_name, (Backend,), {"__init__": __init__, "__doc__":
+                f"The {backend_name} backend; raises BackendUnavailableError without it."})
+
+
+CPUBackend = named_backend_class("cpu", "CPUBackend")
+
+
+class BackendFactory:
+    """The seeds' factory: `BackendFactory.create("cuda")`."""
+
+    @staticmethod
+    def create(name: str | None = None, config: Any = None) -> Backend:
+        return get_backend(name, config)
+
+    @staticmethod
+    def available_backends() -> list[str]:
+        return [s.name for s in list_backends() if s.available]
+
+
+__all__ = ["Backend", "BackendFactory", "CPUBackend", "detect_best_backend",
+           "named_backend_class"]

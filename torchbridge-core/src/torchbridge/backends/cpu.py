@@ -1,0 +1,5 @@
+"""`from torchbridge.backends.cpu import CPUBackend`."""
+
+from torchbridge.backends import CPUBackend
+
+__all__ = ["CPUBackend"]

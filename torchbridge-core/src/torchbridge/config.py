@@ -1,0 +1,331 @@
+"""Configuration: pydantic v2 models, one section per installed plugin, merged at load time.
+
+Sources in increasing precedence: defaults (or a preset's), `torchbridge.toml` or
+`[tool.torchbridge]` in pyproject.toml, environment variables `TORCHBRIDGE_...` (double
+underscore for nesting), keyword arguments. Every layer is merged first and validated once,
+so a bad value from any source raises ConfigurationError naming the field path, the value
+and the source, and no partially applied config ever exists. Building a config never probes
+hardware: plugin sections are pydantic models with static defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    create_model,
+    field_validator,
+)
+
+from torchbridge.errors import ConfigurationError
+from torchbridge.levels import OptimizationLevel
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+ENV_PREFIX = "TORCHBRIDGE_"
+CONFIG_FILE_ENV = "TORCHBRIDGE_CONFIG_FILE"
+# Read by the plugin loader, not config fields.
+RESERVED_ENV = {"TORCHBRIDGE_PLUGINS", "TORCHBRIDGE_DISABLE_PLUGINS", CONFIG_FILE_ENV}
+_PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
+                      "half": "float16", "float": "float32"}
+
+
+def _raise_configuration_error(exc: ValidationError, prefix: tuple[str, ...],
+                               sources: dict[tuple[str, ...], str]) -> None:
+    problems = []
+    first: tuple[str, Any, str] | None = None
+    for err in exc.errors():
+        loc = prefix + tuple(str(part) for part in err["loc"])
+        source = "defaults"
+        for cut in range(len(loc), 0, -1):
+            if loc[:cut] in sources:
+                source = sources[loc[:cut]]
+                break
+        path = ".".join(loc) or "<root>"
+        value = err.get("input")
+        problems.append(f"{path} = {value!r} (from {source}): {err['msg']}")
+        if first is None:
+            first = (path, value, source)
+    assert first is not None
+    message = "invalid TorchBridge configuration: " + "; ".join(problems)
+    raise ConfigurationError(message, field=first[0], value=first[1], source=first[2]) from None
+
+
+class ConfigModel(BaseModel):
+    """Base of every config model: unknown keys rejected, assignments validated.
+
+    A bad assignment (`config.memory.max_memory_fraction = 2`) raises ConfigurationError
+    and leaves the value unchanged. Construction errors are converted by TorchBridgeConfig,
+    the root: sections must not override __init__, because pydantic calls an overridden
+    __init__ for nested models too and the error's field path would be lost.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            _raise_configuration_error(exc, (type(self).__name__,),
+                                       {(type(self).__name__, name): "assignment"})
+
+
+class KernelConfig(ConfigModel):
+    enabled: bool = True
+    disabled_ops: list[str] = Field(default_factory=list,
+                                    description="ops that always use the reference kernel")
+
+
+class MemoryConfig(ConfigModel):
+    max_memory_fraction: float | None = Field(
+        default=None, gt=0.0, le=1.0,
+        description="cap this process's share of device memory (None: no cap)")
+    enable_oom_protection: bool = True
+    oom_safety_margin: float = Field(default=1.1, ge=1.0, le=10.0)
+
+
+class OptimizationConfig(ConfigModel):
+    disabled_passes: list[str] = Field(default_factory=list,
+                                       description="pass names prepare_model must skip")
+
+
+class CPUConfig(ConfigModel):
+    """`config.hardware.cpu`, the built-in CPU backend's section."""
+
+    num_threads: int | None = Field(default=None, ge=1,
+                                    description="torch intra-op threads (None: torch's default)")
+    allow_bf16: bool = Field(default=True,
+                             description="use bf16 autocast at O2+ when the CPU has native bf16")
+
+
+class HardwareConfig(ConfigModel):
+    """Holds one section per installed plugin; the concrete class is built at load time."""
+
+
+_hardware_model: type[HardwareConfig] | None = None
+_hardware_errors: list[str] = []
+_hardware_lock = threading.Lock()
+
+
+def forget_hardware_model() -> None:
+    global _hardware_model
+    with _hardware_lock:
+        _hardware_model = None
+
+
+def hardware_model() -> type[HardwareConfig]:
+    """The HardwareConfig subclass with a field per plugin section (built once per plugin set)."""
+    global _hardware_model
+    if _hardware_model is not None:
+        return _hardware_model
+    from torchbridge.plugins import get_plugin_host
+
+    host = get_plugin_host()
+    with _hardware_lock:
+        fields: dict[str, Any] = {}
+        for plugin, result in host.call_isolated("torchbridge_config_section"):
+            try:
+                name, model = result
+                if not (isinstance(name, str) and name.isidentifier()):
+                    raise TypeError(f"section name must be an identifier, got {name!r}")
+                if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                    raise TypeError(f"section {name!r} must be a pydantic model class")
+                if name in fields:
+                    raise ValueError(f"section {name!r} is already provided by another plugin")
+                fields[name] = (model, Field(default_factory=model))
+            except Exception as exc:
+                host.record_hook_error(plugin, "torchbridge_config_section", exc)
+        _hardware_model = create_model("HardwareConfig", __base__=HardwareConfig, **fields)
+        return _hardware_model
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigurationError(f"cannot read config file {path}: {exc}",
+                                 source=str(path)) from None
+    if path.name == "pyproject.toml":
+        data = data.get("tool", {}).get("torchbridge", {})
+    if not isinstance(data, dict):
+        raise ConfigurationError(f"{path}: [tool.torchbridge] must be a table", source=str(path))
+    return data
+
+
+def find_config_file(start: Path | None = None) -> Path | None:
+    """TORCHBRIDGE_CONFIG_FILE, else torchbridge.toml, else a pyproject.toml with
+    [tool.torchbridge], in the working directory."""
+    explicit = os.environ.get(CONFIG_FILE_ENV)
+    if explicit:
+        return Path(explicit)
+    folder = start or Path.cwd()
+    if (folder / "torchbridge.toml").is_file():
+        return folder / "torchbridge.toml"
+    pyproject = folder / "pyproject.toml"
+    if pyproject.is_file() and _read_toml(pyproject):
+        return pyproject
+    return None
+
+
+def _env_layer(environ: dict[str, str]) -> dict[tuple[str, ...], tuple[Any, str]]:
+    layer = {}
+    for var, raw in environ.items():
+        if not var.startswith(ENV_PREFIX) or var in RESERVED_ENV:
+            continue
+        path = tuple(var[len(ENV_PREFIX):].lower().split("__"))
+        value: Any = raw
+        if raw.strip().startswith(("[", "{")) or raw.strip() == "null":
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ConfigurationError(f"{var}: not valid JSON: {exc}", field=".".join(path),
+                                         value=raw, source=f"environment variable {var}") from None
+        layer[path] = (value, f"environment variable {var}")
+    return layer
+
+
+def _flatten(data: dict[str, Any], source: str, prefix: tuple[str, ...] = ()
+             ) -> dict[tuple[str, ...], tuple[Any, str]]:
+    flat: dict[tuple[str, ...], tuple[Any, str]] = {}
+    for key, value in data.items():
+        path = prefix + (str(key),)
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, source, path))
+        else:
+            flat[path] = (value, source)
+    return flat
+
+
+def _nest(flat: dict[tuple[str, ...], tuple[Any, str]]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for path, (value, source) in flat.items():
+        node = nested
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigurationError(
+                    f"{'.'.join(path)} (from {source}): {'.'.join(path[:-1])} is not a section",
+                    field=".".join(path), value=value, source=source)
+            node = child
+        node[path[-1]] = value
+    return nested
+
+
+class TorchBridgeConfig(ConfigModel):
+    """The root config. `TorchBridgeConfig(...)` takes only its arguments;
+    `TorchBridgeConfig.load(...)` and the presets read every source."""
+
+    optimization_level: OptimizationLevel = OptimizationLevel.O2
+    precision: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="low-precision dtype at O2+; auto: the device's preferred one")
+    backend: str | None = Field(default=None, description="force a backend by name")
+    strict: bool = Field(default=False, description="a failing optimization pass raises")
+    logging_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "WARNING"
+    kernel: KernelConfig = Field(default_factory=KernelConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    optimization: OptimizationConfig = Field(default_factory=OptimizationConfig)
+    # SerializeAsAny: dump the plugin sections of the concrete class, not the empty base.
+    hardware: SerializeAsAny[HardwareConfig] = Field(default_factory=lambda: hardware_model()())
+
+    _sources: dict[str, str] = {}
+
+    _PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "training": {"optimization_level": "O2"},
+        "inference": {"optimization_level": "O3"},
+        "development": {"optimization_level": "O0", "strict": True, "logging_level": "DEBUG"},
+    }
+
+    def __init__(self, **data: Any) -> None:
+        sources = getattr(_load_context, "sources", None) or {
+            (key,): "keyword arguments" for key in data}
+        hardware = data.pop("hardware", None)
+        if isinstance(hardware, dict):
+            try:  # model_validate, unlike __init__, keeps pydantic's nested error paths
+                data["hardware"] = hardware_model().model_validate(hardware)
+            except ValidationError as exc:
+                _raise_configuration_error(exc, ("hardware",), sources)
+        elif hardware is not None:
+            data["hardware"] = hardware
+        try:
+            BaseModel.__init__(self, **data)
+        except ValidationError as exc:
+            _raise_configuration_error(exc, (), sources)
+        self._sources = {".".join(path): source for path, source in sources.items()}
+
+    @field_validator("optimization_level", mode="before")
+    @classmethod
+    def _parse_level(cls, value: Any) -> Any:
+        try:
+            return OptimizationLevel.parse(value)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _parse_precision(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return _PRECISION_ALIASES.get(value.lower(), value.lower())
+        return value
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """Where each value that is not a default came from: {"memory.max_memory_fraction":
+        "environment variable TORCHBRIDGE_MEMORY__MAX_MEMORY_FRACTION", ...}."""
+        return dict(self._sources)
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, *, preset: str | None = None,
+             environ: dict[str, str] | None = None, **overrides: Any) -> TorchBridgeConfig:
+        """Read every source: defaults or preset, config file, environment, `overrides`."""
+        flat: dict[tuple[str, ...], tuple[Any, str]] = {}
+        if preset is not None:
+            if preset not in cls._PRESETS:
+                raise ConfigurationError(f"unknown preset {preset!r}; choose one of "
+                                         f"{', '.join(cls._PRESETS)}", field="preset",
+                                         value=preset, source="preset")
+            flat.update(_flatten(cls._PRESETS[preset], f"preset {preset}"))
+        path = Path(config_file) if config_file is not None else find_config_file()
+        if path is not None:
+            if not path.is_file():
+                raise ConfigurationError(f"config file {path} does not exist", source=str(path))
+            flat.update(_flatten(_read_toml(path), str(path)))
+        flat.update(_env_layer(dict(os.environ if environ is None else environ)))
+        flat.update(_flatten(overrides, "keyword arguments"))
+        data = _nest(flat)
+        _load_context.sources = {path: source for path, (_, source) in flat.items()}
+        try:
+            return cls(**data)
+        finally:
+            _load_context.sources = None
+
+    @classmethod
+    def for_training(cls, **overrides: Any) -> TorchBridgeConfig:
+        """O2: mixed precision and compilation; the model stays trainable."""
+        return cls.load(preset="training", **overrides)
+
+    @classmethod
+    def for_inference(cls, **overrides: Any) -> TorchBridgeConfig:
+        """O3: everything, including eval-only passes such as freezing."""
+        return cls.load(preset="inference", **overrides)
+
+    @classmethod
+    def for_development(cls, **overrides: Any) -> TorchBridgeConfig:
+        """O0, strict, debug logging: nothing clever between you and your bug."""
+        return cls.load(preset="development", **overrides)
+
+
+_load_context = threading.local()

@@ -1,0 +1,57 @@
+"""The one error hierarchy. Vendor plugins subclass these; callers catch these.
+
+Every error names the problem and, where there is one, the fix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class TorchBridgeError(Exception):
+    """Base of every error TorchBridge raises on purpose."""
+
+
+class ConfigurationError(TorchBridgeError, ValueError):
+    """A config value is wrong. Names the field path, the value and where it came from."""
+
+    def __init__(self, message: str, *, field: str | None = None, value: object = None,
+                 source: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.value = value
+        self.source = source
+
+
+class BackendUnavailableError(TorchBridgeError):
+    """The requested backend cannot be used here; the message says why and what to install."""
+
+    def __init__(self, message: str, *, backend: str | None = None,
+                 install_hint: str | None = None) -> None:
+        super().__init__(message)
+        self.backend = backend
+        self.install_hint = install_hint
+
+
+class DeviceError(TorchBridgeError):
+    """A device operation failed or a device index does not exist."""
+
+
+class OutOfMemoryError(DeviceError, torch.OutOfMemoryError):
+    """Device memory exhausted. Also a torch.OutOfMemoryError, so existing handlers still catch it."""
+
+
+class KernelError(TorchBridgeError):
+    """No kernel for an op on a backend, or a kernel failed."""
+
+
+class KernelCompilationError(KernelError):
+    """A kernel could not be built for this device."""
+
+
+class ModelOptimizationError(TorchBridgeError):
+    """prepare_model/optimize failed (strict mode) or was asked for something invalid."""
+
+
+class PluginError(TorchBridgeError):
+    """A plugin failed to load or misbehaved. The host keeps working without it."""

@@ -1,0 +1,136 @@
+"""The core's answers for any torch accelerator (cuda, rocm, xpu, mps, ...), registered trylast.
+
+Everything here goes through `torch.get_device_module(device.type)`, so a vendor plugin only
+adds what is vendor-specific (architecture names, precision policy, its own passes). A
+function a device module lacks gives None, never a made-up value.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchbridge.hookspecs import hookimpl
+from torchbridge.types import DeviceInfo, MemoryStats
+
+if TYPE_CHECKING:
+    from torchbridge.backend import Backend
+    from torchbridge.levels import OptimizationLevel
+    from torchbridge.optimize.passes import OptimizationPass
+
+logger = logging.getLogger(__name__)
+_GB = 1024**3
+# Devices the core does not describe through a device module: host memory and XLA are
+# answered by their own plugins.
+_NOT_GENERIC = {"cpu", "xla", "meta"}
+
+
+def device_module(device: torch.device) -> Any | None:
+    if device.type in _NOT_GENERIC:
+        return None
+    try:
+        return torch.get_device_module(device.type)
+    except (RuntimeError, AttributeError):
+        return None
+
+
+def _call(module: Any, name: str, *args: Any) -> Any | None:
+    func = getattr(module, name, None)
+    if func is None:
+        return None
+    return func(*args)
+
+
+@hookimpl(trylast=True)
+def torchbridge_device_info(backend_name: str, device: torch.device) -> DeviceInfo | None:
+    module = device_module(device)
+    if module is None or not hasattr(module, "get_device_properties"):
+        return None
+    props = module.get_device_properties(device)
+    free_total = _call(module, "mem_get_info", device)
+    total = getattr(props, "total_memory", None)
+    major, minor = getattr(props, "major", None), getattr(props, "minor", None)
+    bf16 = bool(_call(module, "is_bf16_supported"))
+    dtypes = ["float32", "float16"] + (["bfloat16"] if bf16 else [])
+    return DeviceInfo(
+        name=getattr(props, "name", device.type),
+        backend=backend_name,
+        memory_total_gb=total / _GB if total is not None else None,
+        memory_available_gb=free_total[0] / _GB if free_total else None,
+        compute_capability=f"{major}.{minor}" if major is not None else None,
+        supported_dtypes=dtypes,
+        preferred_low_precision_dtype="bfloat16" if bf16 else "float16",
+        device=str(device),
+        extra={"multiprocessor_count": getattr(props, "multi_processor_count", None)},
+    )
+
+
+@hookimpl(trylast=True)
+def torchbridge_memory_stats(backend_name: str, device: torch.device) -> MemoryStats | None:
+    module = device_module(device)
+    if module is None:
+        return None
+    free_total = _call(module, "mem_get_info", device)
+    return MemoryStats(
+        device=str(device),
+        allocated_bytes=_call(module, "memory_allocated", device),
+        reserved_bytes=_call(module, "memory_reserved", device),
+        peak_allocated_bytes=_call(module, "max_memory_allocated", device),
+        free_bytes=free_total[0] if free_total else None,
+        total_bytes=free_total[1] if free_total else None,
+    )
+
+
+@hookimpl(trylast=True)
+def torchbridge_empty_cache(backend_name: str, device: torch.device) -> bool | None:
+    module = device_module(device)
+    if module is None or not hasattr(module, "empty_cache"):
+        return None
+    module.empty_cache()
+    return True
+
+
+@hookimpl(trylast=True)
+def torchbridge_reset_peak_memory_stats(backend_name: str, device: torch.device) -> bool | None:
+    module = device_module(device)
+    if module is None or not hasattr(module, "reset_peak_memory_stats"):
+        return None
+    module.reset_peak_memory_stats(device)
+    return True
+
+
+@hookimpl(trylast=True)
+def torchbridge_synchronize(backend_name: str, device: torch.device) -> bool | None:
+    module = device_module(device)
+    if module is None or not hasattr(module, "synchronize"):
+        return None
+    module.synchronize(device)
+    return True
+
+
+@hookimpl(trylast=True)
+def torchbridge_distributed_backend(backend_name: str, device: torch.device) -> str | None:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return None
+    # torch's own table: {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl", ...}
+    return dist.Backend.default_device_backend_map.get(device.type)
+
+
+@hookimpl(trylast=True)
+def torchbridge_kernel(op: str, backend_name: str) -> Callable[..., Any] | None:
+    from torchbridge.kernels import REFERENCE_KERNELS
+
+    return REFERENCE_KERNELS.get(op)
+
+
+@hookimpl(trylast=True)
+def torchbridge_optimization_passes(backend: Backend, level: OptimizationLevel
+                                    ) -> list[OptimizationPass]:
+    from torchbridge.optimize.core_passes import core_passes
+
+    return core_passes()

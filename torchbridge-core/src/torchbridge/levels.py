@@ -1,0 +1,51 @@
+"""The one optimization-levels enum (O0-O3) and its seed aliases."""
+
+from __future__ import annotations
+
+import enum
+
+from torchbridge.errors import ConfigurationError
+
+_ALIASES = {"none": "O0", "conservative": "O1", "balanced": "O2", "aggressive": "O3"}
+
+
+class OptimizationLevel(str, enum.Enum):
+    """O0 placement only; O1 exact rewrites; O2 mixed precision + compile; O3 maximum."""
+
+    O0 = "O0"
+    O1 = "O1"
+    O2 = "O2"
+    O3 = "O3"
+
+    @classmethod
+    def parse(cls, value: object) -> OptimizationLevel:
+        """Accept an enum member, "O2", "o2", 2, or an alias such as "balanced"."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 3:
+            return cls(f"O{value}")
+        if isinstance(value, str):
+            text = value.strip()
+            text = _ALIASES.get(text.lower(), text.upper())
+            if text in cls.__members__:
+                return cls(text)
+        choices = ", ".join([*cls.__members__, *_ALIASES])
+        raise ConfigurationError(
+            f"unknown optimization level {value!r}; choose one of {choices}",
+            field="optimization_level", value=value)
+
+    @property
+    def rank(self) -> int:
+        return int(self.value[1])
+
+    def __ge__(self, other: object) -> bool:  # type: ignore[override]
+        return self.rank >= OptimizationLevel.parse(other).rank
+
+    def __gt__(self, other: object) -> bool:  # type: ignore[override]
+        return self.rank > OptimizationLevel.parse(other).rank
+
+    def __le__(self, other: object) -> bool:  # type: ignore[override]
+        return self.rank <= OptimizationLevel.parse(other).rank
+
+    def __lt__(self, other: object) -> bool:  # type: ignore[override]
+        return self.rank < OptimizationLevel.parse(other).rank

@@ -1,0 +1,57 @@
+"""Measuring what passes change: output drift and latency. Used by the pipeline and benchmarks."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def flatten_tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors in a model output (tensor, tuple/list/dict nesting, or an object with
+    tensor attributes such as a HF ModelOutput's dict form)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in flatten_tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in flatten_tensors(v)]
+    return []
+
+
+def output_drift(reference: Any, candidate: Any) -> tuple[float, float]:
+    """(max abs diff, max abs diff / max |reference|) over all output tensors, in float32."""
+    refs, cands = flatten_tensors(reference), flatten_tensors(candidate)
+    if len(refs) != len(cands):
+        raise ValueError(f"outputs differ in structure: {len(refs)} vs {len(cands)} tensors")
+    max_abs, max_rel = 0.0, 0.0
+    for ref, cand in zip(refs, cands):
+        if ref.shape != cand.shape:
+            raise ValueError(f"output shapes differ: {tuple(ref.shape)} vs {tuple(cand.shape)}")
+        ref32 = ref.detach().float().cpu()
+        diff = (ref32 - cand.detach().float().cpu()).abs().max().item() if ref.numel() else 0.0
+        scale = ref32.abs().max().item() if ref.numel() else 0.0
+        max_abs = max(max_abs, diff)
+        max_rel = max(max_rel, diff / scale if scale > 0 else diff)
+    return max_abs, max_rel
+
+
+def median_latency(fn: Callable[[], Any], synchronize: Callable[[], None], *, warmup: int = 3,
+                   repeats: int = 10, min_seconds: float = 0.0) -> float:
+    """Median wall time of fn() in seconds after `warmup` calls. Keeps repeating past
+    `repeats` until `min_seconds` of samples are collected (to tame noise on short calls)."""
+    with torch.inference_mode():
+        for _ in range(warmup):
+            fn()
+        synchronize()
+        samples: list[float] = []
+        started = time.perf_counter()
+        while len(samples) < repeats or time.perf_counter() - started < min_seconds:
+            t0 = time.perf_counter()
+            fn()
+            synchronize()
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)

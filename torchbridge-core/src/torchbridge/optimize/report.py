@@ -1,0 +1,90 @@
+"""The one report type: what prepare_model did, skipped and failed, and what it measured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from torchbridge.levels import OptimizationLevel
+
+_RESULT_ATTR = "_torchbridge_optimization_result"
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    name: str
+    status: str  # applied, skipped, failed
+    detail: str  # description when applied, reason when skipped, error when failed
+    plugin: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class OptimizationResult:
+    """Returned by `Backend.optimize`; reachable from a prepared model through
+    `torchbridge.optimization_result(model)`."""
+
+    model: nn.Module
+    backend: str
+    level: OptimizationLevel
+    passes: list[PassRecord] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    max_abs_diff: float | None = None
+    max_rel_diff: float | None = None
+    speedup: float | None = None
+    baseline_seconds: float | None = None
+    optimized_seconds: float | None = None
+
+    def _named(self, status: str) -> list[PassRecord]:
+        return [p for p in self.passes if p.status == status]
+
+    @property
+    def applied(self) -> list[PassRecord]:
+        return self._named("applied")
+
+    @property
+    def skipped(self) -> list[PassRecord]:
+        return self._named("skipped")
+
+    @property
+    def failed(self) -> list[PassRecord]:
+        return self._named("failed")
+
+    @property
+    def optimizations_applied(self) -> list[str]:
+        """Names of the passes that really ran (the seeds' field)."""
+        return [p.name for p in self.applied]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend, "level": self.level.value,
+            "passes": [p.__dict__ for p in self.passes], "notes": self.notes,
+            "max_abs_diff": self.max_abs_diff, "max_rel_diff": self.max_rel_diff,
+            "speedup": self.speedup, "baseline_seconds": self.baseline_seconds,
+            "optimized_seconds": self.optimized_seconds,
+        }
+
+    def summary(self) -> str:
+        lines = [f"{self.backend} {self.level.value}:"]
+        for p in self.passes:
+            lines.append(f"  {p.status:8} {p.name}: {p.detail}")
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.max_abs_diff is not None:
+            lines.append(f"  drift vs O0: max abs {self.max_abs_diff:.3g}, "
+                         f"max rel {self.max_rel_diff:.3g}")
+        if self.speedup is not None:
+            lines.append(f"  measured speedup vs O0: {self.speedup:.2f}x "
+                         f"({self.baseline_seconds * 1e3:.3f} ms -> "
+                         f"{self.optimized_seconds * 1e3:.3f} ms, median)")
+        return "\n".join(lines)
+
+
+def attach_result(model: nn.Module, result: OptimizationResult) -> None:
+    object.__setattr__(model, _RESULT_ATTR, result)
+
+
+def optimization_result(model: nn.Module) -> OptimizationResult | None:
+    """The report of the prepare_model call that produced `model` (None if it did not)."""
+    return getattr(model, _RESULT_ATTR, None)

@@ -1,0 +1,122 @@
+"""Plain records shared by every backend: what was detected, a device's description, memory.
+
+Dataclasses rather than pydantic models: they are built on hot paths (detection, memory
+polling) and must not pull pydantic into `import torchbridge`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_MB = 1024 * 1024
+_GB = 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What a plugin found for one backend. Returned by the `torchbridge_detect` hook.
+
+    `reason` says why the backend is unavailable; when available it may describe what
+    was found (e.g. "XLA on CPU"). Higher `priority` wins selection.
+    """
+
+    name: str
+    available: bool
+    priority: int
+    device_type: str = "cpu"
+    device_count: int = 0
+    vendor: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """One row of `list_backends()`: a detection plus where it came from."""
+
+    name: str
+    available: bool
+    priority: int
+    device_type: str
+    device_count: int
+    vendor: str | None
+    reason: str | None
+    plugin: str | None
+    install_hint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> "bfloat16"."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Description of one device. The first six fields are the seeds' DeviceInfo."""
+
+    name: str
+    backend: str
+    memory_total_gb: float | None
+    memory_available_gb: float | None
+    compute_capability: str | None
+    supported_dtypes: list[str]
+    vendor: str | None = None
+    architecture: str | None = None
+    preferred_low_precision_dtype: str | None = None
+    device: str = "cpu"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def low_precision_dtype(self) -> torch.dtype | None:
+        """The preferred low-precision dtype as a torch.dtype (None: stay in float32)."""
+        if self.preferred_low_precision_dtype is None:
+            return None
+        return getattr(torch, self.preferred_low_precision_dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SEED_UNITS = {"": _MB, "_mb": _MB, "_gb": _GB, "_bytes": 1}
+_FIELDS = ("allocated", "reserved", "peak_allocated", "free", "total")
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """Memory of one device in bytes, the same fields on every backend.
+
+    A figure the backend cannot know is None, never 0; `notes` says why. For code written
+    against the seeds, `stats["allocated"]` answers in MB, `stats["allocated_gb"]` in GB and
+    `stats["allocated_bytes"]` in bytes (None stays None).
+    """
+
+    device: str
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+    notes: str | None = None
+
+    def __getitem__(self, key: str) -> float | int | None:
+        for suffix, unit in sorted(_SEED_UNITS.items(), key=lambda kv: -len(kv[0])):
+            base = key[: len(key) - len(suffix)] if suffix else key
+            if key.endswith(suffix) and base in _FIELDS:
+                value = getattr(self, f"{base}_bytes")
+                if value is None or unit == 1:
+                    return value
+                return value / unit
+        raise KeyError(f"{key!r}: memory stats have {', '.join(_FIELDS)} "
+                       "(MB), with _gb or _bytes suffixes for other units")
+
+    def keys(self) -> list[str]:
+        return list(_FIELDS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

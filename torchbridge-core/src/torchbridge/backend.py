@@ -90,7 +90,8 @@ class Backend:
     # -- description and memory -----------------------------------------------------------
     def get_device_info(self, index: int = 0) -> DeviceInfo:
         device = self.device_at(index)
-        info = self._hooks.torchbridge_device_info(backend_name=self.name, device=device)
+        info: DeviceInfo | None = self._hooks.torchbridge_device_info(
+            backend_name=self.name, device=device)
         if info is None:
             raise DeviceError(f"no plugin describes {device} of backend {self.name!r}")
         if info.vendor is None and self.vendor is not None:
@@ -100,7 +101,8 @@ class Backend:
     def get_memory_stats(self, index: int | None = None) -> MemoryStats:
         """Memory in bytes (None where unknowable); `stats["allocated"]` gives MB."""
         device = self.device_at(index)
-        stats = self._hooks.torchbridge_memory_stats(backend_name=self.name, device=device)
+        stats: MemoryStats | None = self._hooks.torchbridge_memory_stats(
+            backend_name=self.name, device=device)
         if stats is None:
             return MemoryStats(device=str(device), notes=f"no plugin reports memory of {device}")
         return stats
@@ -141,8 +143,9 @@ class Backend:
     @property
     def distributed_backend(self) -> str | None:
         """The torch.distributed backend name for this device ("nccl", "gloo", ...)."""
-        return self._hooks.torchbridge_distributed_backend(backend_name=self.name,
-                                                           device=self.device)
+        name: str | None = self._hooks.torchbridge_distributed_backend(
+            backend_name=self.name, device=self.device)
+        return name
 
     def get_kernel(self, op: str) -> Callable[..., Any]:
         from torchbridge.kernels import get_kernel

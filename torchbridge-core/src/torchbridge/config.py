@@ -201,7 +201,7 @@ def _flatten(data: dict[str, Any], source: str, prefix: tuple[str, ...] = ()
              ) -> dict[tuple[str, ...], tuple[Any, str]]:
     flat: dict[tuple[str, ...], tuple[Any, str]] = {}
     for key, value in data.items():
-        path = prefix + (str(key),)
+        path = (*prefix, str(key))
         if isinstance(value, dict) and value:
             flat.update(_flatten(value, source, path))
         else:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import platform
 import sys
-from importlib import metadata
 from typing import Any
 
 import torch
@@ -76,7 +75,7 @@ def render(report: dict[str, Any]) -> str:
     out += [f"  {k}: {v}" for k, v in report["versions"].items()]
     out += ["", "plugins:"]
     for p in report["plugins"]:
-        line = f"  {p['name']:<12} {p['status']:<9} {p['group']}"
+        line = f"  {p['name']:<16} {p['status']:<9} {p['group']}"
         if p["distribution"]:
             line += f"  ({p['distribution']} {p['version'] or ''})".rstrip()
         if p["error"]:
@@ -85,7 +84,7 @@ def render(report: dict[str, Any]) -> str:
     out += ["", "backends (best first):"]
     for b in report["backends"]:
         state = f"available, {b['device_count']} device(s)" if b["available"] else "unavailable"
-        line = f"  {b['name']:<6} priority {b['priority']:>4}  {state}"
+        line = f"  {b['name']:<8} priority {b['priority']:>4}  {state}"
         if b["reason"]:
             line += f": {b['reason']}"
         out.append(line)

@@ -38,7 +38,7 @@ class DeviceError(TorchBridgeError):
 
 
 class OutOfMemoryError(DeviceError, torch.OutOfMemoryError):
-    """Device memory exhausted. Also a torch.OutOfMemoryError, so existing handlers still catch it."""
+    """Device memory exhausted. Also a torch.OutOfMemoryError, so existing handlers catch it."""
 
 
 class KernelError(TorchBridgeError):

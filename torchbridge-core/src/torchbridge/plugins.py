@@ -94,11 +94,12 @@ class PluginHost:
         self.records[ep.name] = record
 
     def record_hook_error(self, plugin_name: str, hook_name: str, exc: BaseException) -> None:
-        logger.warning("plugin %s raised in %s: %s", plugin_name, hook_name, _describe(exc))
+        error = f"in {hook_name}: {_describe(exc)}"
         record = self.records.get(plugin_name)
+        if record is None or record.error != error:  # log once, not on every discovery
+            logger.warning("plugin %s raised in %s: %s", plugin_name, hook_name, _describe(exc))
         if record is not None:
-            record.status = "error"
-            record.error = f"in {hook_name}: {_describe(exc)}"
+            record.status, record.error = "error", error
 
     def call_isolated(self, hook_name: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Call every implementation on its own, in pluggy's order, skipping ones that raise.

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from torchbridge.errors import BackendUnavailableError
+from torchbridge.errors import BackendUnavailableError, DeviceError
 from torchbridge.plugins import get_plugin_host
 from torchbridge.types import BackendStatus, Detection
 
@@ -45,7 +45,7 @@ KNOWN_BACKENDS = {
 def _missing_status(name: str, known: KnownBackend) -> BackendStatus:
     host = get_plugin_host()
     record = host.records.get(known.plugin)
-    hint = f"pip install torchbridge[{known.extra}]"
+    hint: str | None = f"pip install torchbridge[{known.extra}]"
     if record is None:
         reason = f"plugin {known.distribution} is not installed ({hint})"
     elif record.status == "disabled":
@@ -92,10 +92,10 @@ def detect_best_backend() -> str:
     return next(s.name for s in list_backends() if s.available)
 
 
-def backend_status(name: str) -> BackendStatus:
+def backend_status(name: str, statuses: list[BackendStatus] | None = None) -> BackendStatus:
     """The status of backend `name`; BackendUnavailableError if absent or unavailable."""
     name = normalize_name(name)
-    statuses = list_backends()
+    statuses = list_backends() if statuses is None else statuses
     status = next((s for s in statuses if s.name == name), None)
     if status is None:
         known = ", ".join(s.name for s in statuses)
@@ -115,11 +115,12 @@ def get_backend(name: str | None = None, config: TorchBridgeConfig | None = None
     from torchbridge.config import TorchBridgeConfig
 
     config = config if config is not None else TorchBridgeConfig.load()
+    statuses = list_backends()
+    chosen = name or config.backend or next(s.name for s in statuses if s.available)
     index = 0
-    chosen = name or config.backend
-    if chosen and ":" in chosen:  # "cuda:1"
+    if ":" in chosen:  # "cuda:1"
         chosen, _, idx = chosen.partition(":")
+        if not idx.isdigit():
+            raise DeviceError(f"bad device index {idx!r} in backend name {name!r}")
         index = int(idx)
-    if not chosen:
-        chosen = next(s.name for s in list_backends() if s.available)
-    return Backend(backend_status(chosen), config, index=index)
+    return Backend(backend_status(chosen, statuses), config, index=index)

@@ -77,7 +77,8 @@ class DeviceInfo:
         """The preferred low-precision dtype as a torch.dtype (None: stay in float32)."""
         if self.preferred_low_precision_dtype is None:
             return None
-        return getattr(torch, self.preferred_low_precision_dtype)
+        dtype: torch.dtype = getattr(torch, self.preferred_low_precision_dtype)
+        return dtype
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -108,7 +109,7 @@ class MemoryStats:
         for suffix, unit in sorted(_SEED_UNITS.items(), key=lambda kv: -len(kv[0])):
             base = key[: len(key) - len(suffix)] if suffix else key
             if key.endswith(suffix) and base in _FIELDS:
-                value = getattr(self, f"{base}_bytes")
+                value: int | None = getattr(self, f"{base}_bytes")
                 if value is None or unit == 1:
                     return value
                 return value / unit

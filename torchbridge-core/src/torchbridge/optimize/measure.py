@@ -28,7 +28,7 @@ def output_drift(reference: Any, candidate: Any) -> tuple[float, float]:
     if len(refs) != len(cands):
         raise ValueError(f"outputs differ in structure: {len(refs)} vs {len(cands)} tensors")
     max_abs, max_rel = 0.0, 0.0
-    for ref, cand in zip(refs, cands):
+    for ref, cand in zip(refs, cands, strict=True):
         if ref.shape != cand.shape:
             raise ValueError(f"output shapes differ: {tuple(ref.shape)} vs {tuple(cand.shape)}")
         ref32 = ref.detach().float().cpu()
@@ -55,3 +55,24 @@ def median_latency(fn: Callable[[], Any], synchronize: Callable[[], None], *, wa
             synchronize()
             samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
+
+
+def compare_latency(baseline: Callable[[], Any], candidate: Callable[[], Any],
+                    synchronize: Callable[[], None], *, warmup: int = 3, repeats: int = 10,
+                    min_seconds: float = 0.2) -> tuple[float, float]:
+    """Median seconds of (baseline, candidate), sampled alternately so that drift in machine
+    state (thread pools waking, caches, frequency) falls on both sides alike."""
+    with torch.inference_mode():
+        for _ in range(warmup):
+            baseline()
+            candidate()
+        synchronize()
+        samples: tuple[list[float], list[float]] = ([], [])
+        started = time.perf_counter()
+        while len(samples[0]) < repeats or time.perf_counter() - started < 2 * min_seconds:
+            for fn, bucket in ((baseline, samples[0]), (candidate, samples[1])):
+                t0 = time.perf_counter()
+                fn()
+                synchronize()
+                bucket.append(time.perf_counter() - t0)
+    return statistics.median(samples[0]), statistics.median(samples[1])

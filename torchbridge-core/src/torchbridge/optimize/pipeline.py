@@ -12,7 +12,7 @@ from torch import nn
 
 from torchbridge.errors import ModelOptimizationError
 from torchbridge.levels import OptimizationLevel
-from torchbridge.optimize.measure import median_latency, output_drift
+from torchbridge.optimize.measure import compare_latency, output_drift
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 from torchbridge.optimize.report import OptimizationResult, PassRecord, attach_result
 from torchbridge.plugins import get_plugin_host
@@ -114,10 +114,8 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
         if measure:
             args = backend.to_device(sample_input if isinstance(sample_input, tuple)
                                      else (sample_input,))
-            result.baseline_seconds = median_latency(lambda: baseline(*args),
-                                                     backend.synchronize, min_seconds=0.2)
-            result.optimized_seconds = median_latency(lambda: work(*args), backend.synchronize,
-                                                      min_seconds=0.2)
+            result.baseline_seconds, result.optimized_seconds = compare_latency(
+                lambda: baseline(*args), lambda: work(*args), backend.synchronize)
             result.speedup = result.baseline_seconds / result.optimized_seconds
     attach_result(work, result)
     return result

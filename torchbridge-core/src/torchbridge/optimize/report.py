@@ -74,7 +74,7 @@ class OptimizationResult:
         if self.max_abs_diff is not None:
             lines.append(f"  drift vs O0: max abs {self.max_abs_diff:.3g}, "
                          f"max rel {self.max_rel_diff:.3g}")
-        if self.speedup is not None:
+        if self.speedup is not None and self.baseline_seconds and self.optimized_seconds:
             lines.append(f"  measured speedup vs O0: {self.speedup:.2f}x "
                          f"({self.baseline_seconds * 1e3:.3f} ms -> "
                          f"{self.optimized_seconds * 1e3:.3f} ms, median)")

@@ -1,0 +1,34 @@
+"""Prepare a small transformer on this machine's best backend and show what was done."""
+
+from __future__ import annotations
+
+import torch
+import torchbridge
+from torch import nn
+
+
+def main() -> None:
+    backend = torchbridge.get_backend()
+    info = backend.get_device_info()
+    print(f"backend: {backend.name} on {info.name} ({info.vendor}); "
+          f"low precision: {info.preferred_low_precision_dtype or 'none'}")
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
+                                       batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=2).eval()
+    x = torch.randn(16, 64, 256)
+
+    for level in ("O1", "O2"):
+        result = backend.optimize(model, level, sample_input=x, measure=True)
+        print(result.summary())
+        out = result.model(backend.to_device(x))
+        print(f"  output {tuple(out.shape)} {out.dtype} on {out.device}\n")
+
+    stats = backend.get_memory_stats()
+    print(f"memory: free {stats['free_gb']:.1f} GB of {stats['total_gb']:.1f} GB"
+          if stats.total_bytes else "memory: unknown")
+
+
+if __name__ == "__main__":
+    main()

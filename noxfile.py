@@ -1,0 +1,56 @@
+"""Sessions: `nox -s tests` (the README's test command), `demo`, `lint`, `typecheck`, `bench`.
+
+torch is pinned: an unpinned `torch` pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.default_venv_backend = "venv"
+
+TORCH = ["torch==2.13.0", "numpy"]
+# The meta-distribution with every extra, resolved against the local plugin folders.
+PACKAGES = ["./torchbridge-core", "./plugins/nvidia", "./plugins/amd", "./plugins/intel",
+            "./plugins/tpu", ".[all]"]
+
+
+def install_torchbridge(session: nox.Session, *extra: str) -> None:
+    session.install(*TORCH)
+    session.install(*PACKAGES, *extra)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Fresh venv, torch 2.13.0 CPU, the core and every plugin, the example plugin, pytest."""
+    install_torchbridge(session, "./tests/example_plugin", "pytest")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Prepare and run a model on this machine's default backend and show what was done."""
+    install_torchbridge(session)
+    session.run("torchbridge", "doctor")
+    session.run("python", "examples/quickstart.py", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "torchbridge-core", "plugins", "tests", "benchmarks",
+                "examples", "noxfile.py")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    install_torchbridge(session, "mypy", "pytest")
+    session.run("mypy", "torchbridge-core/src/torchbridge")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Startup benchmark: import cost and discovery time."""
+    install_torchbridge(session)
+    session.run("python", "benchmarks/startup.py", *session.posargs)

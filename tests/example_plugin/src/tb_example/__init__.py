@@ -1,0 +1,1 @@
+"""A third-party TorchBridge plugin used by the test suite."""

@@ -19,12 +19,35 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from torchbridge import bench
+
+    def progress(done: int, total: int, what: str) -> None:
+        filled = int(30 * done / total)
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} {what:<32}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    report = bench.run(models=args.models, progress=progress)
+    if args.plot:
+        bench.plot(report, args.plot)
+    print(json.dumps(report, indent=2) if args.json else bench.render(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="torchbridge", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="versions, plugins, backends, config: for bug reports")
     doc.add_argument("--json", action="store_true", help="machine-readable output")
     doc.set_defaults(func=_doctor)
+    bench = sub.add_parser("bench", help="prepare_model benchmark on the reference models")
+    bench.add_argument("--models", nargs="+", choices=["mlp", "convnet", "encoder",
+                                                      "decoder_lm"])
+    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--plot", metavar="PATH", help="write a PNG chart (needs matplotlib)")
+    bench.set_defaults(func=_bench)
     return parser
 
 

@@ -164,7 +164,7 @@ def torchbridge_optimization_passes(backend: Backend, level: OptimizationLevel
         return None
     from torchbridge.optimize.cpu_passes import cpu_passes
 
-    return cpu_passes()
+    return cpu_passes(backend)
 
 
 def apply_thread_setting(config: Any) -> None:

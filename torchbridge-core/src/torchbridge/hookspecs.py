@@ -110,7 +110,8 @@ def torchbridge_optimization_passes(
     this backend whatever the level; each pass's `min_level` and precondition decide whether
     it runs, and the report says why it did not. A pass with the same name as one returned
     by a plugin called later replaces it: that is how a tryfirst plugin overrides a built-in
-    pass. To veto a pass, return `OptimizationPass.veto(name, reason)`. None: nothing.
+    pass. To veto a pass, return `OptimizationPass.veto(name, reason)`: a veto from any
+    plugin wins, whatever the order. None: nothing.
     """
 
 

@@ -24,7 +24,6 @@ logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUPS = ("torchbridge.backends", "torchbridge.plugins")
 ALLOW_ENV = "TORCHBRIDGE_PLUGINS"
 BLOCK_ENV = "TORCHBRIDGE_DISABLE_PLUGINS"
-BUILTIN_PLUGINS = ("generic", "cpu")
 
 
 @dataclass
@@ -65,7 +64,9 @@ class PluginHost:
     def _load(self) -> None:
         from torchbridge import cpu, generic
 
-        for name, module in (("generic", generic), ("cpu", cpu)):
+        # pluggy calls trylast implementations in registration order, so generic, the last
+        # resort for every accelerator, is registered after the CPU plugin.
+        for name, module in (("cpu", cpu), ("generic", generic)):
             self.pm.register(module, name=name)
             self.records[name] = PluginRecord(name, "builtin", "builtin", "torchbridge-core")
         allow, block = _env_names(ALLOW_ENV), _env_names(BLOCK_ENV) or set()

@@ -1,9 +1,34 @@
-"""Passes for the CPU backend."""
+"""Passes for the CPU backend, on top of the core's."""
 
 from __future__ import annotations
 
-from torchbridge.optimize.passes import OptimizationPass
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from torchbridge.levels import OptimizationLevel
+from torchbridge.optimize.passes import OptimizationPass, PassContext
+
+if TYPE_CHECKING:
+    from torchbridge.backend import Backend
 
 
-def cpu_passes() -> list[OptimizationPass]:
-    return []
+def _freeze(model: nn.Module, ctx: PassContext) -> nn.Module:
+    # Inductor freezing turns weights into constants, folds them (bf16 weight casts happen
+    # once instead of every call) and prepacks them for oneDNN. Weights changed after this
+    # are not seen: inference only.
+    ctx.state.setdefault("compile_options", {})["freezing"] = True
+    return model
+
+
+def cpu_passes(backend: Backend) -> list[OptimizationPass]:
+    passes = [
+        OptimizationPass("inference_freezing", "inductor freezing: weights folded as "
+                         "constants and prepacked for oneDNN", OptimizationLevel.O3, _freeze,
+                         mode="inference", order=79, mutates=False),
+    ]
+    cpu_config: Any = getattr(backend.config.hardware, "cpu", None)  # a dynamic section
+    if cpu_config is not None and not cpu_config.allow_bf16:
+        passes.append(OptimizationPass.veto("autocast", "config hardware.cpu.allow_bf16 "
+                                            "is off"))
+    return passes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,9 +27,11 @@ logger = logging.getLogger(__name__)
 def collect_passes(backend: Backend, level: OptimizationLevel
                    ) -> list[tuple[str, OptimizationPass]]:
     """(plugin, pass) pairs, one per pass name, in run order. A plugin called earlier
-    (tryfirst) replaces or vetoes a same-named pass from one called later."""
+    (tryfirst) replaces a same-named pass from one called later; a veto from any plugin
+    wins over the pass whatever the order."""
     host = get_plugin_host()
     chosen: dict[str, tuple[str, OptimizationPass]] = {}
+    vetoes: dict[str, tuple[str, OptimizationPass]] = {}
     for plugin, passes in host.call_isolated("torchbridge_optimization_passes",
                                              backend=backend, level=level):
         for p in passes:
@@ -36,7 +39,10 @@ def collect_passes(backend: Backend, level: OptimizationLevel
                 host.record_hook_error(plugin, "torchbridge_optimization_passes", TypeError(
                     f"returned {type(p).__name__}, expected OptimizationPass"))
                 continue
-            chosen.setdefault(p.name, (plugin, p))
+            (vetoes if p.veto_reason is not None else chosen).setdefault(p.name, (plugin, p))
+    for name, (plugin, veto) in vetoes.items():
+        if name in chosen:
+            chosen[name] = (plugin, replace(chosen[name][1], veto_reason=veto.veto_reason))
     return sorted(chosen.values(), key=lambda item: (item[1].order, item[1].name))
 
 

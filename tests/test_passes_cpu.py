@@ -1,0 +1,93 @@
+"""The CPU backend's passes on the reference models: numbers match per level, the report
+tells the truth, prepared models still train."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchbridge
+from torchbridge import TorchBridgeConfig
+from torchbridge.models import reference_models
+from torchbridge.testing import LEVEL_TOLERANCE
+
+MODELS = {m.name: m for m in reference_models(scale=0.125)}
+
+
+def statuses(result: torchbridge.OptimizationResult) -> dict[str, str]:
+    return {p.name: p.status for p in result.passes}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_reference_models_match_per_level(name: str, level: str) -> None:
+    torch.manual_seed(0)
+    ref = MODELS[name]
+    model = ref.build().eval()
+    x = ref.make_input(4)
+    result = torchbridge.get_backend("cpu").optimize(model, level, sample_input=x)
+    assert not result.failed, result.summary()
+    assert result.max_rel_diff is not None
+    assert result.max_rel_diff <= LEVEL_TOLERANCE[level], result.summary()
+
+
+def test_report_for_a_conv_net_at_o3() -> None:
+    ref = MODELS["convnet"]
+    result = torchbridge.get_backend("cpu").optimize(ref.build().eval(), "O3")
+    st = statuses(result)
+    assert st["conv_bn_folding"] == "applied"
+    assert st["channels_last"] == "applied"
+    assert st["autocast"] == "applied"  # this CPU has avx512_bf16
+    assert st["inference_freezing"] == "applied"
+    assert st["compile"] == "applied"
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in result.model.modules())
+
+
+def test_skip_reasons_for_an_mlp_at_o1() -> None:
+    result = torchbridge.get_backend("cpu").optimize(MODELS["mlp"].build().eval(), "O1")
+    skipped = {p.name: p.detail for p in result.skipped}
+    assert skipped["conv_bn_folding"] == "no convolution with BatchNorm in the model"
+    assert skipped["channels_last"] == "no Conv2d in the model"
+    assert "below this pass's O2" in skipped["autocast"]
+    assert "below this pass's O3" in skipped["inference_freezing"]
+
+
+def test_no_bf16_autocast_without_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchbridge import cpu
+
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    result = torchbridge.get_backend("cpu").optimize(MODELS["mlp"].build().eval(), "O2")
+    record = next(p for p in result.passes if p.name == "autocast")
+    assert record.status == "skipped" and "no native low-precision dtype" in record.detail
+
+
+def test_allow_bf16_off_vetoes_autocast() -> None:
+    backend = torchbridge.get_backend("cpu", TorchBridgeConfig(
+        hardware={"cpu": {"allow_bf16": False}}))
+    result = backend.optimize(MODELS["mlp"].build().eval(), "O2")
+    record = next(p for p in result.passes if p.name == "autocast")
+    assert record.detail == "vetoed by plugin cpu: config hardware.cpu.allow_bf16 is off"
+
+
+def test_training_model_gets_no_eval_only_pass() -> None:
+    result = torchbridge.get_backend("cpu").optimize(MODELS["convnet"].build().train(), "O3")
+    st = statuses(result)
+    assert st["conv_bn_folding"] == "skipped"
+    assert st["inference_freezing"] == "skipped"
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in result.model.modules())
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_prepared_model_still_trains(level: str) -> None:
+    torch.manual_seed(0)
+    ref = MODELS["convnet"]
+    model = torchbridge.get_backend("cpu").prepare_model(ref.build().train(), level)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = ref.make_input(16), torch.randint(0, 10, (16,))
+    losses = []
+    for _ in range(8):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0], losses

@@ -103,7 +103,7 @@ def test_cuda_build_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_xpu_detected_below_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     import torchbridge_intel.probe as intel
 
-    monkeypatch.setattr(intel, "probe", lambda: intel.XpuProbe(True, 2, None))
+    monkeypatch.setattr(intel, "probe", lambda: torchbridge.types.ProbeResult(True, 2, None))
     assert torchbridge.detect_best_backend() == "xpu"
     fake_torch_runtime(monkeypatch, *H100_NODE)
     assert torchbridge.detect_best_backend() == "cuda"

@@ -84,31 +84,27 @@ def torchbridge_memory_stats(backend_name: str, device: torch.device) -> MemoryS
     )
 
 
+def _run(device: torch.device, name: str, *args: Any) -> bool | None:
+    module = device_module(device)
+    if module is None or not hasattr(module, name):
+        return None
+    getattr(module, name)(*args)
+    return True
+
+
 @hookimpl(trylast=True)
 def torchbridge_empty_cache(backend_name: str, device: torch.device) -> bool | None:
-    module = device_module(device)
-    if module is None or not hasattr(module, "empty_cache"):
-        return None
-    module.empty_cache()
-    return True
+    return _run(device, "empty_cache")
 
 
 @hookimpl(trylast=True)
 def torchbridge_reset_peak_memory_stats(backend_name: str, device: torch.device) -> bool | None:
-    module = device_module(device)
-    if module is None or not hasattr(module, "reset_peak_memory_stats"):
-        return None
-    module.reset_peak_memory_stats(device)
-    return True
+    return _run(device, "reset_peak_memory_stats", device)
 
 
 @hookimpl(trylast=True)
 def torchbridge_synchronize(backend_name: str, device: torch.device) -> bool | None:
-    module = device_module(device)
-    if module is None or not hasattr(module, "synchronize"):
-        return None
-    module.synchronize(device)
-    return True
+    return _run(device, "synchronize", device)
 
 
 @hookimpl(trylast=True)

@@ -34,6 +34,16 @@ class Detection:
 
 
 @dataclass(frozen=True)
+class ProbeResult:
+    """What a plugin's probe seam found: whether its devices are usable, how many, and if
+    not, why. Tests replace a probe with recorded results of real machines."""
+
+    available: bool
+    device_count: int
+    reason: str | None
+
+
+@dataclass(frozen=True)
 class BackendStatus:
     """One row of `list_backends()`: a detection plus where it came from."""
 

@@ -7,23 +7,15 @@ must stay cheap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+from torchbridge.types import ProbeResult
 
 
-@dataclass(frozen=True)
-class RocmProbe:
-    available: bool
-    device_count: int
-    reason: str | None
-
-
-def probe() -> RocmProbe:
+def probe() -> ProbeResult:
     if not getattr(torch.version, "hip", None):
-        return RocmProbe(False, 0, f"torch {torch.__version__} is not a ROCm build "
-                                   "(torch.version.hip is None); install a ROCm build of torch")
+        return ProbeResult(False, 0, f"torch {torch.__version__} is not a ROCm build "
+                                     "(torch.version.hip is None); install a ROCm build of torch")
     if not torch.cuda.is_available():
-        return RocmProbe(False, 0, "no AMD GPU visible to HIP (no amdgpu driver, or "
-                                   "HIP_VISIBLE_DEVICES hides them)")
-    return RocmProbe(True, torch.cuda.device_count(), None)
+        return ProbeResult(False, 0, "no AMD GPU visible to HIP (no amdgpu driver, or "
+                                     "HIP_VISIBLE_DEVICES hides them)")
+    return ProbeResult(True, torch.cuda.device_count(), None)

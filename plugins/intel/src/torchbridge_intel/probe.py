@@ -5,26 +5,18 @@ torch >= 2.4 has torch.xpu built in; intel-extension-for-pytorch is not needed t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+from torchbridge.types import ProbeResult
 
 
-@dataclass(frozen=True)
-class XpuProbe:
-    available: bool
-    device_count: int
-    reason: str | None
-
-
-def probe() -> XpuProbe:
+def probe() -> ProbeResult:
     xpu = getattr(torch, "xpu", None)
     if xpu is None:
-        return XpuProbe(False, 0, f"torch {torch.__version__} has no torch.xpu")
+        return ProbeResult(False, 0, f"torch {torch.__version__} has no torch.xpu")
     if not getattr(torch._C, "_has_xpu", True):
-        return XpuProbe(False, 0, f"torch {torch.__version__} is built without XPU support; "
-                                  "install an XPU build of torch")
+        return ProbeResult(False, 0, f"torch {torch.__version__} is built without XPU support; "
+                                     "install an XPU build of torch")
     if not xpu.is_available():
-        return XpuProbe(False, 0, "no Intel GPU visible to torch.xpu (no Level Zero driver, "
-                                  "or ZE_AFFINITY_MASK hides them)")
-    return XpuProbe(True, xpu.device_count(), None)
+        return ProbeResult(False, 0, "no Intel GPU visible to torch.xpu (no Level Zero driver, "
+                                     "or ZE_AFFINITY_MASK hides them)")
+    return ProbeResult(True, xpu.device_count(), None)

@@ -6,26 +6,18 @@ CUDA context: torch.cuda.is_available() and device_count() query the driver only
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+from torchbridge.types import ProbeResult
 
 
-@dataclass(frozen=True)
-class CudaProbe:
-    available: bool
-    device_count: int
-    reason: str | None
-
-
-def probe() -> CudaProbe:
+def probe() -> ProbeResult:
     if getattr(torch.version, "hip", None):
-        return CudaProbe(False, 0, "this torch is a ROCm build: its GPUs are AMD's "
-                                   "(torchbridge-amd), not NVIDIA's")
+        return ProbeResult(False, 0, "this torch is a ROCm build: its GPUs are AMD's "
+                                     "(torchbridge-amd), not NVIDIA's")
     if torch.version.cuda is None:
-        return CudaProbe(False, 0, f"torch {torch.__version__} is built without CUDA; "
-                                   "install a CUDA build of torch")
+        return ProbeResult(False, 0, f"torch {torch.__version__} is built without CUDA; "
+                                     "install a CUDA build of torch")
     if not torch.cuda.is_available():
-        return CudaProbe(False, 0, "no NVIDIA GPU visible to CUDA (no driver, or "
-                                   "CUDA_VISIBLE_DEVICES hides them)")
-    return CudaProbe(True, torch.cuda.device_count(), None)
+        return ProbeResult(False, 0, "no NVIDIA GPU visible to CUDA (no driver, or "
+                                     "CUDA_VISIBLE_DEVICES hides them)")
+    return ProbeResult(True, torch.cuda.device_count(), None)

@@ -1,10 +1,10 @@
-"""Prepare a small transformer on this machine's best backend and show what was done."""
+"""Prepare a conv net on this machine's best backend and show what was done."""
 
 from __future__ import annotations
 
 import torch
 import torchbridge
-from torch import nn
+from torchbridge.models import ConvNet
 
 
 def main() -> None:
@@ -14,12 +14,10 @@ def main() -> None:
           f"low precision: {info.preferred_low_precision_dtype or 'none'}")
 
     torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
-                                       batch_first=True)
-    model = nn.TransformerEncoder(layer, num_layers=2).eval()
-    x = torch.randn(16, 64, 256)
+    model = ConvNet(width=32).eval()  # torchbridge's reference conv net with BatchNorm
+    x = torch.randn(32, 3, 64, 64)
 
-    for level in ("O1", "O2"):
+    for level in ("O1", "O3"):
         result = backend.optimize(model, level, sample_input=x, measure=True)
         print(result.summary())
         out = result.model(backend.to_device(x))

@@ -19,6 +19,7 @@ import torch
 
 from torchbridge.models import reference_models
 from torchbridge.optimize.measure import median_latency, output_drift
+from torchbridge.types import dtype_name
 
 logger = logging.getLogger(__name__)
 BATCHES = {"mlp": (32, 256), "convnet": (8, 64), "encoder": (8, 32), "decoder_lm": (4, 16)}
@@ -71,7 +72,7 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
     low = backend.low_precision_dtype()
     peaks = {"float32": matmul_peak(torch.float32)}
     if low is not None:
-        peaks[str(low).removeprefix("torch.")] = matmul_peak(low)
+        peaks[dtype_name(low)] = matmul_peak(low)
     chosen = [m for m in reference_models(scale) if models is None or m.name in models]
     sizes: dict[str, tuple[int, ...]] = dict(batches or BATCHES)
     total = sum(len(sizes[m.name]) for m in chosen) * len(VARIANTS)
@@ -120,7 +121,7 @@ def _measure(backend: Any, name: str, batch: int, variant: str, model: torch.nn.
         result = backend.optimize(model, variant)
         run_model = result.model
         if any(p.name == "autocast" and p.status == "applied" for p in result.passes):
-            compute_dtype = str(backend.low_precision_dtype()).removeprefix("torch.")
+            compute_dtype = dtype_name(backend.low_precision_dtype())
     args = backend.to_device(x)
     if backend.get_memory_stats().peak_allocated_bytes is not None:
         backend.reset_peak_memory_stats()

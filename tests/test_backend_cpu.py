@@ -62,6 +62,8 @@ def test_device_index_parsing() -> None:
         torchbridge.get_backend("cpu:3")
     with pytest.raises(torchbridge.DeviceError, match="bad device index"):
         torchbridge.get_backend("cpu:x")
+    with pytest.raises(torchbridge.DeviceError, match="in backend name cpu:x"):
+        torchbridge.get_backend(config=torchbridge.TorchBridgeConfig(backend="cpu:x"))
 
 
 def test_device_hooks_answer_for_cpu() -> None:

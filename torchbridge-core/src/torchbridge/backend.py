@@ -123,12 +123,13 @@ class Backend:
         self._device_call("torchbridge_synchronize", index)
 
     # -- execution helpers ----------------------------------------------------------------
-    def low_precision_dtype(self) -> torch.dtype | None:
-        """The dtype O2+ computes in: config.precision, else the device's preferred one."""
+    def low_precision_dtype(self, info: DeviceInfo | None = None) -> torch.dtype | None:
+        """The dtype O2+ computes in: config.precision, else the device's preferred one
+        (from `info` when the caller already has this device's DeviceInfo)."""
         if self.config.precision != "auto":
             dtype: torch.dtype = getattr(torch, self.config.precision)
             return None if dtype == torch.float32 else dtype
-        return self.get_device_info().low_precision_dtype
+        return (info or self.get_device_info()).low_precision_dtype
 
     def autocast(self, dtype: torch.dtype | None = None, enabled: bool = True
                  ) -> contextlib.AbstractContextManager[Any]:

@@ -121,6 +121,6 @@ def get_backend(name: str | None = None, config: TorchBridgeConfig | None = None
     if ":" in chosen:  # "cuda:1"
         chosen, _, idx = chosen.partition(":")
         if not idx.isdigit():
-            raise DeviceError(f"bad device index {idx!r} in backend name {name!r}")
+            raise DeviceError(f"bad device index {idx!r} in backend name {chosen}:{idx}")
         index = int(idx)
     return Backend(backend_status(chosen, statuses), config, index=index)

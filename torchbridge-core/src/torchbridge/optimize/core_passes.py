@@ -92,14 +92,14 @@ def _cast_floating(obj: Any, dtype: torch.dtype) -> Any:
 
 
 def _autocast_check(model: nn.Module, ctx: PassContext) -> str | None:
-    if ctx.backend.low_precision_dtype() is None:
+    if ctx.backend.low_precision_dtype(ctx.device_info) is None:
         return (f"{ctx.device_info.name} has no native low-precision dtype "
                 f"(and config.precision is {ctx.config.precision})")
     return None
 
 
 def _autocast(model: nn.Module, ctx: PassContext) -> nn.Module:
-    dtype = ctx.backend.low_precision_dtype()
+    dtype = ctx.backend.low_precision_dtype(ctx.device_info)
     assert dtype is not None
     ctx.state["autocast_dtype"] = dtype
     return AutocastModule(model, ctx.backend.device.type, dtype)

@@ -61,9 +61,7 @@ def _skip_reason(p: OptimizationPass, plugin: str, model: nn.Module, ctx: PassCo
     return p.check(model, ctx)
 
 
-def _run_reference(model: nn.Module, backend: Backend, sample_input: Any) -> Any:
-    args = sample_input if isinstance(sample_input, tuple) else (sample_input,)
-    args = backend.to_device(args)
+def _forward(model: nn.Module, args: tuple[Any, ...]) -> Any:
     with torch.no_grad():
         torch.manual_seed(0)  # same dropout masks in reference and candidate
         return model(*args)
@@ -82,9 +80,12 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
 
     baseline: nn.Module | None = None
     reference_out = None
+    args: tuple[Any, ...] = ()
     if sample_input is not None:  # O0 = the same model, only placed on the device
+        args = backend.to_device(sample_input if isinstance(sample_input, tuple)
+                                 else (sample_input,))
         baseline = copy.deepcopy(model).to(backend.device)
-        reference_out = _run_reference(baseline, backend, sample_input)
+        reference_out = _forward(baseline, args)
 
     work = model if inplace else copy.deepcopy(model)
     ctx = PassContext(backend=backend, level=level, config=backend.config,
@@ -115,11 +116,9 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     result.notes.extend(ctx.notes)
 
     if sample_input is not None and baseline is not None:
-        candidate_out = _run_reference(work, backend, sample_input)
+        candidate_out = _forward(work, args)
         result.max_abs_diff, result.max_rel_diff = output_drift(reference_out, candidate_out)
         if measure:
-            args = backend.to_device(sample_input if isinstance(sample_input, tuple)
-                                     else (sample_input,))
             result.baseline_seconds, result.optimized_seconds = compare_latency(
                 lambda: baseline(*args), lambda: work(*args), backend.synchronize)
             result.speedup = result.baseline_seconds / result.optimized_seconds

@@ -1,4 +1,5 @@
-"""Sessions: `nox -s tests` (the README's test command), `demo`, `lint`, `typecheck`, `bench`.
+"""Sessions: `nox -s tests` (the README's test command), `tests_gpu`, `demo`, `lint`,
+`typecheck`, `bench`.
 
 torch is pinned: an unpinned `torch` pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel.
 """
@@ -29,6 +30,15 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def tests_gpu(session: nox.Session) -> None:
+    """On a GPU machine: the tests marked cuda/rocm/xpu. torch is left unpinned here on
+    purpose so that pip picks the accelerator build for this machine."""
+    session.install("torch", "numpy")
+    session.install(*PACKAGES, "./tests/example_plugin", "pytest")
+    session.run("pytest", "-m", "cuda or rocm or xpu", *session.posargs)
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """Prepare and run a model on this machine's default backend and show what was done."""
     install_torchbridge(session)
@@ -46,7 +56,8 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     install_torchbridge(session, "mypy", "pytest")
-    session.run("mypy", "torchbridge-core/src/torchbridge")
+    session.run("mypy", "torchbridge-core/src/torchbridge", "plugins/nvidia/src",
+                "plugins/amd/src", "plugins/intel/src", "plugins/tpu/src")
 
 
 @nox.session

@@ -25,3 +25,24 @@ def reload_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     monkeypatch.undo()
     torchbridge.reload_plugins()
+
+
+def _present(marker: str) -> bool:
+    import torch
+
+    if marker == "cuda":
+        return torch.version.hip is None and torch.cuda.is_available()
+    if marker == "rocm":
+        return torch.version.hip is not None and torch.cuda.is_available()
+    if marker == "xpu":
+        return hasattr(torch, "xpu") and torch.xpu.is_available()
+    if marker == "tpu":
+        return os.environ.get("PJRT_DEVICE", "").upper() == "TPU"
+    return True
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked cuda, rocm, xpu or tpu are skipped where that device is absent."""
+    for marker in ("cuda", "rocm", "xpu", "tpu"):
+        if item.get_closest_marker(marker) is not None and not _present(marker):
+            pytest.skip(f"needs a {marker} device; none here")

@@ -48,7 +48,8 @@ def test_missing_plugin_names_the_package_to_install(monkeypatch: pytest.MonkeyP
     torchbridge.reload_plugins()
     with pytest.raises(BackendUnavailableError, match=r"pip install torchbridge\[nvidia\]"):
         torchbridge.get_backend("nvidia")  # vendor alias of cuda
-    monkeypatch.setitem(sys.modules, "torchbridge_nvidia", None)  # as if not installed
+    for module in ("torchbridge_nvidia", "torchbridge_nvidia.api"):  # as if not installed
+        monkeypatch.setitem(sys.modules, module, None)
     monkeypatch.delitem(sys.modules, "torchbridge.backends.nvidia", raising=False)
     with pytest.raises(ModuleNotFoundError, match=r"pip install torchbridge\[nvidia\]"):
         importlib.import_module("torchbridge.backends.nvidia")

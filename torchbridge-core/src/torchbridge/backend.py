@@ -39,8 +39,10 @@ class Backend:
         self._index = self._check_index(index)
         logging.getLogger("torchbridge").setLevel(config.logging_level)
         from torchbridge.cpu import apply_thread_setting
+        from torchbridge.memory import apply_memory_fraction
 
         apply_thread_setting(config)
+        apply_memory_fraction(self)
         logger.info("backend %s selected (%d device(s), plugin %s)", status.name,
                     status.device_count, status.plugin)
 
@@ -60,6 +62,20 @@ class Backend:
     @property
     def device_count(self) -> int:
         return self.status.device_count
+
+    @property
+    def hardware_config(self) -> Any:
+        """This backend's config section, `config.hardware.<plugin name>` (e.g.
+        `config.hardware.nvidia` for cuda), or None when its plugin has none."""
+        if self.status.plugin is None:
+            return None
+        return getattr(self.config.hardware, self.status.plugin, None)
+
+    def memory_manager(self, **pool_limits: Any) -> Any:
+        """A `torchbridge.memory.MemoryManager` for this backend's device."""
+        from torchbridge.memory import MemoryManager
+
+        return MemoryManager(self, **pool_limits)
 
     def _check_index(self, index: int | None) -> int:
         index = self._index if index is None else index

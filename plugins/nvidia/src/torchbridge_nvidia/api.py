@@ -1,7 +1,80 @@
 """Public API, re-exported as `torchbridge.backends.nvidia`."""
 
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torchbridge.backend import Backend
 from torchbridge.backends import named_backend_class
+from torchbridge.errors import BackendUnavailableError
+from torchbridge.optimize.report import OptimizationResult
 
-NVIDIABackend = named_backend_class("cuda", "NVIDIABackend")
+from torchbridge_nvidia.architecture import NVIDIAArchitecture, PrecisionPolicy, precision_policy
+from torchbridge_nvidia.attention import FlashAttention3
+from torchbridge_nvidia.config import NVIDIAConfig
+from torchbridge_nvidia.devices import CUDADeviceManager
+from torchbridge_nvidia.errors import (
+    CUDADeviceError,
+    CUDANotAvailableError,
+    FlashAttentionError,
+    FP8CompilationError,
+    InvalidArchitectureError,
+    InvalidComputeCapabilityError,
+    KernelLaunchError,
+    MemoryAllocationError,
+    NVIDIABackendError,
+    OutOfMemoryError,
+)
+from torchbridge_nvidia.fp8 import FP8CompilationResult, FP8Compiler, FP8Linear
+from torchbridge_nvidia.memory import NVIDIAMemoryManager
 
-__all__ = ["NVIDIABackend"]
+_GenericCUDABackend = named_backend_class("cuda", "NVIDIABackend")
+
+
+class NVIDIABackend(_GenericCUDABackend):  # type: ignore[misc, valid-type]
+    """The cuda backend: `NVIDIABackend()`, `NVIDIABackend(config)`,
+    `NVIDIABackend(optimization_level="O3", device_id=1)`. Raises CUDANotAvailableError
+    (a BackendUnavailableError) without a usable NVIDIA GPU."""
+
+    def __init__(self, config: Any = None, *, optimization_level: Any = None,
+                 device_id: int = 0) -> None:
+        try:
+            super().__init__(config, optimization_level=optimization_level,
+                             device_id=device_id)
+        except BackendUnavailableError as exc:
+            raise CUDANotAvailableError(str(exc), backend="cuda") from None
+
+    @property
+    def compute_capability(self) -> str | None:
+        capability: str | None = self.get_device_info().compute_capability
+        return capability
+
+    @property
+    def architecture(self) -> str | None:
+        architecture: str | None = self.get_device_info().architecture
+        return architecture
+
+
+class NVIDIAOptimizer:
+    """`NVIDIAOptimizer(config).optimize(model, optimization_level="balanced")`: the core's
+    pipeline on the cuda backend; `result.optimizations_applied` lists what really ran."""
+
+    def __init__(self, config: Any = None, backend: Backend | None = None) -> None:
+        self.backend = backend if backend is not None else NVIDIABackend(config)
+
+    def optimize(self, model: nn.Module, optimization_level: Any = None,
+                 sample_input: Any = None, measure: bool = False, **kwargs: Any
+                 ) -> OptimizationResult:
+        return self.backend.optimize(model, optimization_level, sample_input=sample_input,
+                                     measure=measure, **kwargs)
+
+
+__all__ = [
+    "CUDADeviceError", "CUDADeviceManager", "CUDANotAvailableError", "FP8CompilationError",
+    "FP8CompilationResult", "FP8Compiler", "FP8Linear", "FlashAttention3",
+    "FlashAttentionError", "InvalidArchitectureError", "InvalidComputeCapabilityError",
+    "KernelLaunchError", "MemoryAllocationError", "NVIDIAArchitecture", "NVIDIABackend",
+    "NVIDIABackendError", "NVIDIAConfig", "NVIDIAMemoryManager", "NVIDIAOptimizer",
+    "OutOfMemoryError", "PrecisionPolicy", "precision_policy",
+]

@@ -1,10 +1,31 @@
-"""Hook implementations of the NVIDIA plugin. Kept cheap to import: the entry point loads it."""
+"""Hook implementations of the NVIDIA plugin. Kept cheap to import: the entry point loads it,
+and nothing here touches CUDA until a hook about a cuda device is called."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torchbridge import hookimpl
 from torchbridge.selection import PRIORITY
-from torchbridge.types import Detection
+from torchbridge.types import Detection, DeviceInfo, MemoryStats
+
+if TYPE_CHECKING:
+    import torch
+    from pydantic import BaseModel
+    from torchbridge.backend import Backend
+    from torchbridge.levels import OptimizationLevel
+    from torchbridge.optimize.passes import OptimizationPass
+
+
+def _mine(backend_name: str, device: torch.device) -> bool:
+    return backend_name == "cuda" and device.type == "cuda"
+
+
+@hookimpl
+def torchbridge_config_section() -> tuple[str, type[BaseModel]]:
+    from torchbridge_nvidia.config import NVIDIAConfig
+
+    return "nvidia", NVIDIAConfig
 
 
 @hookimpl
@@ -14,3 +35,37 @@ def torchbridge_detect() -> Detection:
     found = probe()
     return Detection("cuda", found.available, PRIORITY["cuda"], "cuda", found.device_count,
                      "NVIDIA", found.reason)
+
+
+@hookimpl
+def torchbridge_device_info(backend_name: str, device: torch.device) -> DeviceInfo | None:
+    if not _mine(backend_name, device):
+        return None
+    from torchbridge_nvidia.devices import describe_device
+
+    return describe_device(device.index or 0, backend_name)
+
+
+@hookimpl
+def torchbridge_memory_stats(backend_name: str, device: torch.device) -> MemoryStats | None:
+    if not _mine(backend_name, device):
+        return None
+    from torchbridge_nvidia import probe
+
+    index = device.index or 0
+    free, total = probe.mem_get_info(index)
+    allocated, reserved, peak = probe.allocator_counters(index)
+    return MemoryStats(device=str(device), allocated_bytes=allocated, reserved_bytes=reserved,
+                       peak_allocated_bytes=peak, free_bytes=free, total_bytes=total,
+                       notes="free and total from cudaMemGetInfo (all processes); allocated, "
+                             "reserved and peak are this process's caching allocator")
+
+
+@hookimpl
+def torchbridge_optimization_passes(backend: Backend, level: OptimizationLevel
+                                    ) -> list[OptimizationPass] | None:
+    if backend.name != "cuda":
+        return None
+    from torchbridge_nvidia.passes import nvidia_passes
+
+    return nvidia_passes(backend)

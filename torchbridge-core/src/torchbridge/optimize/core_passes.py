@@ -102,6 +102,10 @@ def _autocast(model: nn.Module, ctx: PassContext) -> nn.Module:
     dtype = ctx.backend.low_precision_dtype(ctx.device_info)
     assert dtype is not None
     ctx.state["autocast_dtype"] = dtype
+    if dtype == torch.float16 and ctx.training:
+        # fp16's narrow range underflows small gradients; bf16 has float32's range.
+        ctx.notes.append("autocast: training in float16 needs loss scaling; use "
+                         f"torch.amp.GradScaler({ctx.backend.device.type!r})")
     return AutocastModule(model, ctx.backend.device.type, dtype)
 
 

@@ -1,0 +1,221 @@
+"""Device memory management shared by every backend: OOM-protected allocation, a bounded
+tensor pool, and the per-process memory cap.
+
+Free and total memory come from the backend's memory-stats hook, so a vendor plugin's probe
+seam (and the recorded devices in tests) decide what "free" is. Vendor plugins subclass
+MemoryManager only to name it and to raise their own OutOfMemoryError subclass.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchbridge.errors import ConfigurationError, OutOfMemoryError
+
+if TYPE_CHECKING:
+    from torchbridge.backend import Backend
+
+logger = logging.getLogger(__name__)
+_MB = 1024 * 1024
+
+
+def memory_setting(backend: Backend, name: str) -> Any:
+    """`name` ("max_memory_fraction", "enable_oom_protection", "oom_safety_margin") for this
+    backend: its plugin's config section overrides `config.memory` when it sets the field
+    (a section value of None means "use config.memory")."""
+    section = backend.hardware_config
+    value = getattr(section, name, None) if section is not None else None
+    return getattr(backend.config.memory, name) if value is None else value
+
+
+def apply_memory_fraction(backend: Backend) -> float | None:
+    """Cap this process's share of device memory through the device module's
+    set_per_process_memory_fraction (CUDA, ROCm, XPU). Returns the fraction applied."""
+    fraction = memory_setting(backend, "max_memory_fraction")
+    if fraction is None:
+        return None
+    from torchbridge.generic import device_module
+
+    module = device_module(backend.device)
+    setter = getattr(module, "set_per_process_memory_fraction", None)
+    if setter is None:
+        logger.warning("max_memory_fraction=%s ignored: %s cannot cap device memory",
+                       fraction, backend.name)
+        return None
+    for device in backend.devices:
+        setter(fraction, device)
+    logger.info("memory of %s capped at %.0f%% per device", backend.name, fraction * 100)
+    return float(fraction)
+
+
+def _allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # Module-level so tests can make the device run out of memory.
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return math.prod(shape) * itemsize
+
+
+def _shape(shape: Sequence[int] | torch.Size | int) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not all(isinstance(d, int) and d >= 0 for d in dims):
+        raise ValueError(f"shape must be non-negative integers, got {shape!r}")
+    return dims
+
+
+@dataclass
+class PoolStats:
+    hits: int = 0
+    misses: int = 0
+    dropped: int = 0  # returned while the pool was full, left to the allocator
+    tensors: int = 0
+    bytes: int = 0
+
+
+class MemoryManager:
+    """Allocation helpers for one backend's device.
+
+    `allocate_with_oom_protection` checks free memory against the request times a safety
+    margin before allocating; if the allocator still runs out it empties the cache and
+    retries once, then raises OutOfMemoryError with requested, free and total.
+
+    The pool keeps returned tensors per `pool_id` and hands them out again for the same
+    shape and dtype (contents are not cleared, as with torch.empty). It is bounded: at most
+    `pool_max_tensors` tensors and `pool_max_bytes` bytes per pool; a tensor returned to a
+    full pool is dropped and freed normally.
+    """
+
+    oom_error: type[OutOfMemoryError] = OutOfMemoryError
+
+    def __init__(self, backend: Backend | None = None, *, pool_max_tensors: int = 64,
+                 pool_max_bytes: int | None = None) -> None:
+        if backend is None:
+            from torchbridge.selection import get_backend
+
+            backend = get_backend()
+        if pool_max_tensors < 0 or (pool_max_bytes is not None and pool_max_bytes < 0):
+            raise ConfigurationError("pool limits must be >= 0, got "
+                                     f"pool_max_tensors={pool_max_tensors}, "
+                                     f"pool_max_bytes={pool_max_bytes}")
+        self.backend = backend
+        self.device = backend.device
+        self.pool_max_tensors = pool_max_tensors
+        self.pool_max_bytes = pool_max_bytes
+        self._pools: dict[str, dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]]] = {}
+        self._stats: dict[str, PoolStats] = {}
+
+    def get_memory_stats(self) -> Any:
+        return self.backend.get_memory_stats()
+
+    # -- OOM protection -------------------------------------------------------------------
+    def _oom(self, requested: int, margin: float, why: str) -> OutOfMemoryError:
+        stats = self.backend.get_memory_stats()
+
+        def mb(value: int | None) -> str:
+            return "unknown" if value is None else f"{value / _MB:.1f} MB"
+
+        return self.oom_error(
+            f"cannot allocate {mb(requested)} on {self.device} ({why}): requested "
+            f"{mb(requested)} x safety margin {margin:g} = {mb(int(requested * margin))}, "
+            f"free {mb(stats.free_bytes)}, total {mb(stats.total_bytes)}")
+
+    def check_allocation(self, nbytes: int, safety_margin: float | None = None) -> None:
+        """Raise OutOfMemoryError if `nbytes` x margin exceeds free memory. Where the backend
+        cannot tell free memory the check passes and the allocator decides."""
+        margin = self._margin(safety_margin)
+        free = self.backend.get_memory_stats().free_bytes
+        if free is not None and nbytes * margin > free:
+            raise self._oom(nbytes, margin, "not enough free memory")
+
+    def _margin(self, safety_margin: float | None) -> float:
+        margin = memory_setting(self.backend, "oom_safety_margin") \
+            if safety_margin is None else safety_margin
+        if not margin >= 1.0:
+            raise ConfigurationError(f"safety_margin must be >= 1.0, got {margin!r}",
+                                     field="safety_margin", value=margin)
+        return float(margin)
+
+    def allocate_with_oom_protection(self, shape: Sequence[int] | torch.Size | int,
+                                     dtype: torch.dtype = torch.float32,
+                                     safety_margin: float | None = None) -> torch.Tensor:
+        dims = _shape(shape)
+        if not memory_setting(self.backend, "enable_oom_protection"):
+            return _allocate(dims, dtype, self.device)
+        nbytes = _nbytes(dims, dtype)
+        margin = self._margin(safety_margin)
+        self.check_allocation(nbytes, margin)
+        try:
+            return _allocate(dims, dtype, self.device)
+        except torch.OutOfMemoryError:
+            logger.info("allocation of %d bytes on %s failed; emptying the cache and "
+                        "retrying once", nbytes, self.device)
+        self.backend.empty_cache()
+        try:
+            return _allocate(dims, dtype, self.device)
+        except torch.OutOfMemoryError as exc:
+            raise self._oom(nbytes, margin, "the allocator failed again after emptying "
+                                            "the cache") from exc
+
+    # -- pool -----------------------------------------------------------------------------
+    def allocate_tensor(self, shape: Sequence[int] | torch.Size | int,
+                        dtype: torch.dtype = torch.float32, pool_id: str = "default"
+                        ) -> torch.Tensor:
+        """A tensor from pool `pool_id` if one of this shape and dtype is there (a hit),
+        else a new OOM-protected allocation (a miss). Contents are uninitialized."""
+        dims = _shape(shape)
+        stats = self._stats.setdefault(pool_id, PoolStats())
+        bucket = self._pools.get(pool_id, {}).get((dims, dtype))
+        if bucket:
+            tensor = bucket.pop()
+            stats.hits += 1
+            stats.tensors -= 1
+            stats.bytes -= tensor.nbytes
+            return tensor
+        stats.misses += 1
+        return self.allocate_with_oom_protection(dims, dtype)
+
+    def return_to_pool(self, tensor: torch.Tensor, pool_id: str = "default") -> bool:
+        """Keep `tensor` for reuse. False when the pool is full and the tensor was dropped."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"return_to_pool takes a tensor, got {type(tensor).__name__}")
+        if tensor.device != self.device:
+            raise ValueError(f"tensor is on {tensor.device}; this pool holds {self.device}")
+        stats = self._stats.setdefault(pool_id, PoolStats())
+        too_many = stats.tensors + 1 > self.pool_max_tensors
+        too_big = self.pool_max_bytes is not None and \
+            stats.bytes + tensor.nbytes > self.pool_max_bytes
+        if too_many or too_big:
+            stats.dropped += 1
+            return False
+        key = (tuple(tensor.shape), tensor.dtype)
+        self._pools.setdefault(pool_id, {}).setdefault(key, []).append(tensor)
+        stats.tensors += 1
+        stats.bytes += tensor.nbytes
+        return True
+
+    def clear_pool(self, pool_id: str | None = None) -> int:
+        """Drop the pooled tensors of `pool_id` (all pools if None) and empty the device
+        cache. Returns the bytes released from the pools."""
+        ids = list(self._pools) if pool_id is None else [pool_id]
+        released = 0
+        for pid in ids:
+            self._pools.pop(pid, None)
+            stats = self._stats.get(pid)
+            if stats is not None:
+                released += stats.bytes
+                stats.tensors, stats.bytes = 0, 0
+        self.backend.empty_cache()
+        return released
+
+    def pool_stats(self, pool_id: str | None = None) -> dict[str, dict[str, int]]:
+        """{pool_id: {"hits", "misses", "dropped", "tensors", "bytes"}}."""
+        ids = list(self._stats) if pool_id is None else [pool_id]
+        return {pid: vars(self._stats.get(pid, PoolStats())).copy() for pid in ids}

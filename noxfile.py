@@ -1,5 +1,5 @@
-"""Sessions: `nox -s tests` (the README's test command), `tests_gpu`, `demo`, `lint`,
-`typecheck`, `bench`.
+"""Sessions: `nox -s tests tests_xla` (the README's test command), `tests_gpu`, `demo`,
+`lint`, `typecheck`, `bench`.
 
 torch is pinned: an unpinned `torch` pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel.
 """
@@ -27,6 +27,17 @@ def tests(session: nox.Session) -> None:
     """Fresh venv, torch 2.13.0 CPU, the core and every plugin, the example plugin, pytest."""
     install_torchbridge(session, "./tests/example_plugin", "pytest")
     session.run("pytest", *session.posargs)
+
+
+@nox.session
+def tests_xla(session: nox.Session) -> None:
+    """The TPU plugin against the real XLA runtime on this CPU (PJRT_DEVICE=CPU), plus the
+    backend contract on it. torch-xla 2.9.0 needs torch 2.9.1, which PyPI ships only as
+    its CUDA build (about 7 GB, about 80 s to install here)."""
+    session.install("torch==2.9.1", "torch-xla==2.9.0", "numpy")
+    session.install(*PACKAGES, "./tests/example_plugin", "pytest")
+    session.run("pytest", "tests/xla", "tests/test_tpu.py", *session.posargs,
+                env={"PJRT_DEVICE": "CPU"})
 
 
 @nox.session

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchbridge.errors import (
     BackendUnavailableError,
+    CheckpointError,
     ConfigurationError,
     DeviceError,
     KernelCompilationError,
@@ -32,12 +33,14 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from torchbridge.backend import Backend
+    from torchbridge.checkpoint import load_checkpoint, save_checkpoint
     from torchbridge.config import TorchBridgeConfig
     from torchbridge.kernels import get_kernel
     from torchbridge.optimize.passes import OptimizationPass, PassContext
     from torchbridge.optimize.report import OptimizationResult, optimization_result
     from torchbridge.plugins import register_plugin, reload_plugins, unregister_plugin
     from torchbridge.selection import detect_best_backend, get_backend, list_backends
+    from torchbridge.validation import validate
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
@@ -52,6 +55,9 @@ _LAZY = {
     "unregister_plugin": "torchbridge.plugins",
     "reload_plugins": "torchbridge.plugins",
     "get_backend": "torchbridge.selection",
+    "save_checkpoint": "torchbridge.checkpoint",
+    "load_checkpoint": "torchbridge.checkpoint",
+    "validate": "torchbridge.validation",
     "list_backends": "torchbridge.selection",
     "detect_best_backend": "torchbridge.selection",
 }
@@ -69,11 +75,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Backend", "BackendStatus", "BackendUnavailableError", "ConfigurationError", "Detection",
+    "Backend", "BackendStatus", "BackendUnavailableError", "CheckpointError",
+    "ConfigurationError", "Detection",
     "DeviceError", "DeviceInfo", "KernelCompilationError", "KernelError", "MemoryStats",
     "ModelOptimizationError", "OptimizationLevel", "OptimizationPass", "OptimizationResult",
     "OutOfMemoryError", "PassContext", "PluginError", "TorchBridgeConfig", "TorchBridgeError",
     "detect_best_backend", "get_backend", "get_kernel", "hookimpl", "hookspec",
-    "list_backends", "optimization_result", "register_plugin", "reload_plugins",
-    "unregister_plugin", "__version__",
+    "list_backends", "load_checkpoint", "optimization_result", "register_plugin",
+    "reload_plugins", "save_checkpoint", "unregister_plugin", "validate", "__version__",
 ]

@@ -36,6 +36,40 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_model(spec: str, batch: int) -> tuple[object, object]:
+    """A reference model name (mlp, convnet, encoder, decoder_lm; small size), or
+    "package.module:function" returning (model, sample_input)."""
+    import importlib
+
+    from torchbridge.models import reference_models
+
+    if ":" in spec:
+        module_name, _, func = spec.partition(":")
+        built = getattr(importlib.import_module(module_name), func)()
+        if not (isinstance(built, tuple) and len(built) == 2):
+            raise SystemExit(f"torchbridge validate: {spec} must return (model, sample_input)")
+        return built[0], built[1]
+    for ref in reference_models(scale=0.25):
+        if ref.name == spec:
+            import torch
+
+            torch.manual_seed(0)
+            return ref.build(), ref.make_input(batch)
+    raise SystemExit(f"torchbridge validate: unknown model {spec!r}; use mlp, convnet, "
+                     "encoder, decoder_lm or package.module:function")
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from torchbridge.validation import validate
+
+    model, sample = _load_model(args.model, args.batch)
+    backends = args.backends.split(",") if args.backends else None
+    report = validate(model, sample, backends, level=args.level,  # type: ignore[arg-type]
+                      tolerance=args.tolerance)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
+    return 0 if report.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="torchbridge", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,6 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--plot", metavar="PATH", help="write a PNG chart (needs matplotlib)")
     bench.set_defaults(func=_bench)
+    val = sub.add_parser("validate", help="run a model on several backends and compare "
+                         "outputs with the first; exit status 1 on a mismatch")
+    val.add_argument("--model", default="mlp", help="mlp, convnet, encoder, decoder_lm, or "
+                     "package.module:function returning (model, sample_input)")
+    val.add_argument("--backends", help="comma-separated, first is the reference "
+                     "(default: every available backend)")
+    val.add_argument("--level", default="O0", help="prepare_model level on each backend")
+    val.add_argument("--tolerance", type=float, help="max |diff| / max |reference| "
+                     "(default: the level's)")
+    val.add_argument("--batch", type=int, default=4)
+    val.add_argument("--json", action="store_true")
+    val.set_defaults(func=_validate)
     return parser
 
 

@@ -55,3 +55,7 @@ class ModelOptimizationError(TorchBridgeError):
 
 class PluginError(TorchBridgeError):
     """A plugin failed to load or misbehaved. The host keeps working without it."""
+
+
+class CheckpointError(TorchBridgeError):
+    """A checkpoint could not be saved or loaded; names the file and what is wrong with it."""

@@ -45,8 +45,8 @@ def apply_memory_fraction(backend: Backend) -> float | None:
     module = device_module(backend.device)
     setter = getattr(module, "set_per_process_memory_fraction", None)
     if setter is None:
-        logger.warning("max_memory_fraction=%s ignored: %s cannot cap device memory",
-                       fraction, backend.name)
+        logger.warning("max_memory_fraction=%s is not enforced by the %s runtime; only "
+                       "allocate_with_oom_protection keeps within it", fraction, backend.name)
         return None
     for device in backend.devices:
         setter(fraction, device)
@@ -131,9 +131,17 @@ class MemoryManager:
         """Raise OutOfMemoryError if `nbytes` x margin exceeds free memory. Where the backend
         cannot tell free memory the check passes and the allocator decides."""
         margin = self._margin(safety_margin)
-        free = self.backend.get_memory_stats().free_bytes
+        stats = self.backend.get_memory_stats()
+        free, why = stats.free_bytes, "not enough free memory"
+        fraction = memory_setting(self.backend, "max_memory_fraction")
+        total, allocated = stats.total_bytes, stats.allocated_bytes
+        if fraction is not None and total is not None and allocated is not None:
+            # Also where the runtime enforces no cap (XLA), plan within the configured share.
+            budget = int(fraction * total) - allocated
+            if free is None or budget < free:
+                free, why = budget, f"over max_memory_fraction {fraction:g}"
         if free is not None and nbytes * margin > free:
-            raise self._oom(nbytes, margin, "not enough free memory")
+            raise self._oom(nbytes, margin, why)
 
     def _margin(self, safety_margin: float | None) -> float:
         margin = memory_setting(self.backend, "oom_safety_margin") \

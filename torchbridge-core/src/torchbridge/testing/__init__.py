@@ -6,6 +6,7 @@
         backend_name = "mybackend"
 """
 
-from torchbridge.testing.contract import LEVEL_TOLERANCE, BackendContract
+from torchbridge.levels import LEVEL_TOLERANCE
+from torchbridge.testing.contract import BackendContract
 
 __all__ = ["LEVEL_TOLERANCE", "BackendContract"]

@@ -15,10 +15,7 @@ from torch import nn
 
 import torchbridge
 from torchbridge import DeviceError, DeviceInfo, MemoryStats, OptimizationLevel
-
-# Max relative output drift against O0 per level: O0/O1 exact up to float32 rounding; O2/O3
-# may compute in a 16-bit dtype (bf16 has 8 bits of mantissa: ~4e-3 per rounding).
-LEVEL_TOLERANCE = {"O0": 1e-6, "O1": 1e-4, "O2": 3e-2, "O3": 3e-2}
+from torchbridge.levels import LEVEL_TOLERANCE
 
 
 def small_mlp() -> nn.Module:

@@ -1,0 +1,151 @@
+"""The TPU plugin against the real XLA runtime, on the CPU (PJRT_DEVICE=CPU): the same
+runtime, compiler and device API as on a TPU. Run by `nox -s tests_xla`; skipped elsewhere."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch_xla", reason="needs torch_xla: run `nox -s tests_xla`")
+if os.environ.get("PJRT_DEVICE") != "CPU":
+    pytest.skip("set PJRT_DEVICE=CPU to run XLA on the CPU", allow_module_level=True)
+
+import torch
+import torchbridge
+from torch import nn
+from torchbridge.testing import BackendContract
+
+
+class TestXLABackendContract(BackendContract):
+    backend_name = "tpu"
+
+
+@pytest.fixture(scope="module")
+def tpu() -> torchbridge.Backend:
+    return torchbridge.get_backend("tpu")
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8))
+
+
+def test_xla_on_cpu_is_available_below_plain_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    status = {s.name: s for s in torchbridge.list_backends()}["tpu"]
+    assert status.available and status.device_count >= 1
+    assert "XLA on CPU" in (status.reason or "")
+    assert status.priority < {s.name: s for s in torchbridge.list_backends()}["cpu"].priority
+    assert torchbridge.detect_best_backend() == "cpu"
+    monkeypatch.setenv("TORCHBRIDGE_BACKEND", "tpu")
+    assert torchbridge.get_backend().name == "tpu"
+
+
+def test_device_info_and_memory_say_what_xla_on_cpu_is(tpu: torchbridge.Backend) -> None:
+    info = tpu.get_device_info()
+    assert info.name == "XLA:CPU" and info.extra["device_kind"] == "CPU"
+    assert info.extra["device_count"] == tpu.device_count
+    assert info.extra["world_size"] == 1 and info.extra["tpu_version"] is None
+    assert info.preferred_low_precision_dtype == "bfloat16"
+    stats = tpu.get_memory_stats()
+    assert stats.allocated_bytes is None and stats.total_bytes is None  # unknown, not 0
+    assert "UNIMPLEMENTED" in (stats.notes or "")
+    assert tpu.distributed_backend == "xla"
+
+
+def test_levels_report_the_xla_passes(tpu: torchbridge.Backend) -> None:
+    x = torch.randn(4, 32)
+    o1 = tpu.optimize(mlp().eval(), "O1", sample_input=x)
+    assert "static graph" in " ".join(o1.notes)
+    o2 = tpu.optimize(mlp().eval(), "O2", sample_input=x)
+    assert {"autocast", "compile"} <= set(o2.optimizations_applied)
+    assert "openxla" in " ".join(o2.notes)
+    assert o2.max_rel_diff is not None and o2.max_rel_diff < 3e-2
+
+
+def test_graph_check_warns_about_host_round_trips_and_fallbacks(tpu: torchbridge.Backend
+                                                               ) -> None:
+    class DataDependent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.linear(x)
+            if y.sum().item() > 0:  # a host round trip on every call
+                y = y * 2
+            return y[torch.nonzero(y > 0, as_tuple=True)]  # a dynamic shape
+
+    result = tpu.optimize(DataDependent().eval(), "O1", sample_input=torch.randn(4, 8))
+    warnings = " ".join(result.notes)
+    assert "transfer(s) from the device" in warnings
+    assert "aten::nonzero" in warnings
+
+
+def test_config_turns_xla_passes_off(tpu: torchbridge.Backend) -> None:
+    config = torchbridge.TorchBridgeConfig.load(
+        hardware={"tpu": {"compilation_mode": "torch_xla", "mixed_precision": False}})
+    backend = torchbridge.get_backend("tpu", config)
+    result = backend.optimize(mlp().eval(), "O3")
+    detail = {p.name: p.detail for p in result.skipped}
+    assert "compilation_mode is lazy" in detail["compile"]
+    assert "mixed_precision is off" in detail["autocast"]
+
+
+def test_training_on_xla_reduces_the_loss(tpu: torchbridge.Backend) -> None:
+    import torch_xla
+
+    for level in ("O0", "O2"):
+        torch.manual_seed(0)
+        x = torch.randn(64, 32)
+        y = x @ torch.randn(32, 8)  # a target the model can learn
+        model = tpu.prepare_model(mlp().train(), level)
+        opt = torch.optim.Adam(model.parameters(), lr=3e-2)
+        xd, yd = tpu.to_device((x, y))
+        losses = []
+        for _ in range(20):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(xd), yd)
+            loss.backward()
+            opt.step()
+            torch_xla.sync()
+            losses.append(loss.item())
+        assert losses[-1] < 0.5 * losses[0], (level, losses)
+
+
+def test_checkpoint_cpu_to_xla_to_cpu_is_identical(tpu: torchbridge.Backend,
+                                                   tmp_path: Path) -> None:
+    cpu_model = mlp()
+    first = torchbridge.save_checkpoint(cpu_model, tmp_path / "cpu.pt")
+    on_xla = torchbridge.load_checkpoint(first, backend="tpu")
+    assert {t.device.type for t in on_xla.values()} == {"xla"}
+    xla_model = copy.deepcopy(mlp()).to(tpu.device)
+    xla_model.load_state_dict(on_xla)
+    second = torchbridge.save_checkpoint(xla_model, tmp_path / "xla.pt")  # from XLA tensors
+    back = torchbridge.load_checkpoint(second)
+    for key, value in cpu_model.state_dict().items():
+        assert back[key].device.type == "cpu"
+        assert torch.equal(back[key], value)
+    bf16 = torchbridge.load_checkpoint(second, backend=tpu, dtype=torch.bfloat16)
+    assert {t.dtype for t in bf16.values()} == {torch.bfloat16}
+
+
+def test_validate_cpu_against_xla() -> None:
+    x = torch.randn(4, 32)
+    report = torchbridge.validate(mlp().eval(), x, backends=["cpu", "tpu"])
+    assert report.passed, report.summary()
+    rel = report.results[1].outputs[0].max_rel_diff
+    assert rel <= report.tolerance
+    o2 = torchbridge.validate(mlp().eval(), x, backends=["cpu", "tpu"], level="O2")
+    assert o2.passed and o2.tolerance == 3e-2, o2.summary()
+
+
+def test_validate_cli_compares_cpu_with_xla() -> None:
+    out = subprocess.run([sys.executable, "-m", "torchbridge", "validate", "--model",
+                          "convnet", "--backends", "cpu,tpu"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "PASS tpu (xla:0)" in out.stdout

@@ -1,0 +1,151 @@
+"""Cross-backend validation: run one model on several backends and compare every output
+with the first backend's."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchbridge.levels import LEVEL_TOLERANCE, OptimizationLevel
+from torchbridge.optimize.measure import flatten_tensors
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    index: int
+    shape: tuple[int, ...]
+    max_abs_diff: float
+    max_rel_diff: float  # max |diff| / max |reference|
+    passed: bool
+
+
+@dataclass
+class BackendValidation:
+    backend: str
+    device: str | None = None
+    passed: bool = False
+    outputs: list[OutputComparison] = field(default_factory=list)
+    error: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class ValidationReport:
+    """`passed` is True when every backend ran and every output is within `tolerance`
+    (relative to the reference output's largest magnitude)."""
+
+    reference: str
+    level: str
+    tolerance: float
+    results: list[BackendValidation] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reference": self.reference, "level": self.level,
+                "tolerance": self.tolerance, "passed": self.passed,
+                "results": [asdict(r) for r in self.results]}
+
+    def summary(self) -> str:
+        lines = [f"validation against {self.reference} at {self.level}, tolerance "
+                 f"{self.tolerance:g} (max |diff| / max |reference|):"]
+        for r in self.results:
+            verdict = "PASS" if r.passed else "FAIL"
+            if r.error is not None:
+                lines.append(f"  {verdict} {r.backend}: {r.error}")
+                continue
+            worst = max((o.max_rel_diff for o in r.outputs), default=0.0)
+            lines.append(f"  {verdict} {r.backend} ({r.device}): {len(r.outputs)} output(s), "
+                         f"max rel diff {worst:.3g}, {r.seconds:.2f} s")
+            lines += [f"      output {o.index} {list(o.shape)}: max abs {o.max_abs_diff:.3g}, "
+                      f"max rel {o.max_rel_diff:.3g}" for o in r.outputs if not o.passed]
+        lines.append("PASSED" if self.passed else "FAILED")
+        return "\n".join(lines)
+
+
+def _run(backend: Any, model: nn.Module, sample_input: Any, level: OptimizationLevel
+         ) -> list[torch.Tensor]:
+    prepared = backend.prepare_model(copy.deepcopy(model), level)
+    args = backend.to_device(sample_input if isinstance(sample_input, tuple)
+                             else (sample_input,))
+    with torch.no_grad():
+        torch.manual_seed(0)
+        out = prepared(*args)
+    return [t.detach().float().cpu() for t in flatten_tensors(out)]
+
+
+def validate(model: nn.Module, sample_input: Any, backends: list[Any] | None = None, *,
+             level: Any = "O0", tolerance: float | None = None) -> ValidationReport:
+    """Run `model` on each backend (names or Backend objects; None: every available one),
+    prepared at `level`, and compare each output tensor with the first backend's. The
+    default tolerance is the level's (torchbridge.levels.LEVEL_TOLERANCE), at least 1e-4.
+    A backend that fails to run is reported as failed with its error; the others still
+    run."""
+    from torchbridge.selection import get_backend, list_backends
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"validate takes an nn.Module, got {type(model).__name__}")
+    parsed = OptimizationLevel.parse(level)
+    if tolerance is None:
+        # Two backends order float32 sums differently (about 1e-6 relative seen between
+        # eager CPU and XLA:CPU), so even O0 gets float32 slack.
+        tolerance = max(LEVEL_TOLERANCE[parsed.value], 1e-4)
+    if backends is None:
+        backends = [s.name for s in list_backends() if s.available]
+    if len(backends) < 2:
+        raise ValueError(f"validate needs at least two backends to compare, got {backends}")
+    model = model.eval()
+    report: ValidationReport | None = None
+    reference: list[torch.Tensor] = []
+    for entry in backends:
+        name = entry if isinstance(entry, str) else entry.name
+        result = BackendValidation(name)
+        started = time.perf_counter()
+        try:
+            backend = get_backend(entry) if isinstance(entry, str) else entry
+            result.device = str(backend.device)
+            outputs = _run(backend, model, sample_input, parsed)
+        except Exception as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+            logger.warning("validation on %s failed: %s", name, result.error)
+            outputs = None
+        result.seconds = time.perf_counter() - started
+        if report is None:
+            if outputs is None:
+                raise RuntimeError(f"the reference backend {name} failed: {result.error}")
+            report = ValidationReport(name, parsed.value, tolerance)
+            reference = outputs
+        if outputs is not None:
+            _compare(result, reference, outputs, tolerance)
+        report.results.append(result)
+    assert report is not None
+    return report
+
+
+def _compare(result: BackendValidation, reference: list[torch.Tensor],
+             outputs: list[torch.Tensor], tolerance: float) -> None:
+    if len(outputs) != len(reference):
+        result.error = f"returned {len(outputs)} output tensor(s), the reference " \
+                       f"{len(reference)}"
+        return
+    for i, (ref, out) in enumerate(zip(reference, outputs, strict=True)):
+        if ref.shape != out.shape:
+            result.outputs.append(OutputComparison(i, tuple(out.shape), float("inf"),
+                                                   float("inf"), False))
+            continue
+        diff = (ref - out).abs().max().item() if ref.numel() else 0.0
+        scale = ref.abs().max().item() if ref.numel() else 0.0
+        rel = diff / scale if scale > 0 else diff
+        ok = rel <= tolerance and bool(torch.isfinite(out).all() == torch.isfinite(ref).all())
+        result.outputs.append(OutputComparison(i, tuple(ref.shape), diff, rel, ok))
+    result.passed = all(o.passed for o in result.outputs)

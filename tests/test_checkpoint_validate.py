@@ -76,9 +76,9 @@ def test_bad_files_and_arguments_name_the_problem(tmp_path: Path) -> None:
     truncated.write_bytes(truncated.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="not a readable checkpoint"):
         torchbridge.load_checkpoint(truncated)
-    with pytest.raises(CheckpointError, match="directory .* does not exist"):
+    with pytest.raises(CheckpointError, match=r"directory .* does not exist"):
         torchbridge.save_checkpoint({}, tmp_path / "no" / "dir.pt")
-    with pytest.raises(CheckpointError, match="floating torch.dtype"):
+    with pytest.raises(CheckpointError, match=r"floating torch\.dtype"):
         torchbridge.load_checkpoint(truncated, dtype=torch.int8)
 
 

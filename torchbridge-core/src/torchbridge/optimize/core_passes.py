@@ -5,12 +5,15 @@
 | device_placement | O0 | always |
 | conv_bn_folding | O1 | eval mode, a Conv followed by BatchNorm, the model traces with torch.fx |
 | channels_last | O1 | the model has Conv2d and the device runs NHWC convolutions natively |
+| transformer_composite | O2 | eval mode, nn.TransformerEncoderLayer: off the fused fast path |
 | autocast | O2 | the device has a native low-precision dtype (or config.precision names one) |
+| low_precision_weights | O3 | eval mode, after autocast: Linear/Conv/attention weights in its dtype |
 | compile | O2 | torch.compile with inductor; plugins pass options through ctx.state |
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
@@ -70,8 +73,16 @@ class AutocastModule(nn.Module):
         self.module = module
         self.device_type = device_type
         self.dtype = dtype
+        # torch.compile keeps its graphs per code object and falls back to eager after
+        # `recompile_limit` (8) variants. Every prepared model shares this class's forward,
+        # so the ninth compiled model in a process would silently run uncompiled (seen in
+        # the benchmark). A copy of the code object per instance gives each its own cache.
+        forward = AutocastModule._forward
+        self.forward = types.MethodType(types.FunctionType(
+            forward.__code__.replace(), forward.__globals__, forward.__name__,
+            forward.__defaults__, forward.__closure__), self)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
         in_dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)
                          and a.is_floating_point()), torch.float32)
         with torch.autocast(device_type=self.device_type, dtype=self.dtype):
@@ -109,6 +120,31 @@ def _autocast(model: nn.Module, ctx: PassContext) -> nn.Module:
     return AutocastModule(model, ctx.backend.device.type, dtype)
 
 
+# Weights autocast would cast on every call; stored in the low-precision dtype instead.
+_LOW_PRECISION_WEIGHT_MODULES = (nn.Linear, nn.modules.conv._ConvNd, nn.MultiheadAttention)
+
+
+def _weights_check(model: nn.Module, ctx: PassContext) -> str | None:
+    if "autocast_dtype" not in ctx.state:
+        return "autocast did not run"
+    if not any(isinstance(m, _LOW_PRECISION_WEIGHT_MODULES) for m in model.modules()):
+        return "no Linear, Conv or MultiheadAttention in the model"
+    return None
+
+
+def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
+    # Norms, embeddings and buffers stay float32: autocast runs norms in float32 anyway,
+    # and an embedding's output would otherwise change dtype outside autocast's control.
+    dtype = ctx.state["autocast_dtype"]
+    for module in model.modules():
+        if isinstance(module, _LOW_PRECISION_WEIGHT_MODULES):
+            for name, param in module.named_parameters(recurse=False):
+                if param.is_floating_point():
+                    setattr(module, name, nn.Parameter(param.detach().to(dtype),
+                                                       requires_grad=False))
+    return model
+
+
 def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
     options: dict[str, Any] = ctx.state.get("compile_options", {})
     backend: str = ctx.state.get("compile_backend", "inductor")
@@ -119,7 +155,10 @@ def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
 
 
 def core_passes() -> list[OptimizationPass]:
+    from torchbridge.optimize.transformer import composite_check, use_composite_path
+
     o0, o1, o2 = OptimizationLevel.O0, OptimizationLevel.O1, OptimizationLevel.O2
+    o3 = OptimizationLevel.O3
     return [
         OptimizationPass("device_placement", "moved parameters and buffers to the device",
                          o0, _place, order=0),
@@ -128,9 +167,17 @@ def core_passes() -> list[OptimizationPass]:
                          mutates=False),
         OptimizationPass("channels_last", "converted conv weights to channels_last (NHWC)",
                          o1, _channels_last, _channels_last_check, order=20),
+        OptimizationPass("transformer_composite", "TransformerEncoderLayers run ordinary "
+                         "ops instead of the fused fast path that ignores CPU autocast",
+                         o2, use_composite_path, composite_check, mode="inference",
+                         order=40),
         OptimizationPass("autocast", "computes in the device's low-precision dtype inside "
                          "the compiled region; outputs cast back to the input dtype",
                          o2, _autocast, _autocast_check, order=60, mutates=False),
+        OptimizationPass("low_precision_weights", "Linear, Conv and attention weights "
+                         "stored in the autocast dtype, not cast on every call", o3,
+                         _low_precision_weights, _weights_check, mode="inference",
+                         order=62),
         OptimizationPass("compile", "torch.compile with inductor", o2, _compile, order=80,
                          mutates=False),
     ]

@@ -7,7 +7,7 @@
 | channels_last | O1 | the model has Conv2d and the device runs NHWC convolutions natively |
 | transformer_composite | O2 | eval mode, nn.TransformerEncoderLayer: off the fused fast path |
 | autocast | O2 | the device has a native low-precision dtype (or config.precision names one) |
-| low_precision_weights | O3 | eval mode, after autocast: Linear/Conv/attention weights in its dtype |
+| low_precision_weights | O3 | eval mode, after autocast: Linear/Conv/MHA weights in its dtype |
 | compile | O2 | torch.compile with inductor; plugins pass options through ctx.state |
 """
 

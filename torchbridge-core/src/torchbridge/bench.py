@@ -2,12 +2,13 @@
 
 Each row: median latency after warm-up, first-call time (compilation included), peak
 memory where the backend can count it, relative error against eager fp32, and achieved
-FLOP/s as a fraction of this machine's matmul peak measured in the same run. Inductor's
-caches are off so that first-call times are real compile costs.
+FLOP/s as a fraction of this machine's matmul peak measured in the same run. Every variant
+compiles with empty inductor caches, so that first-call times are real compile costs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -106,10 +107,30 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
             "rows": [asdict(r) for r in rows]}
 
 
+def _fresh_compile_caches() -> contextlib.AbstractContextManager[Any]:
+    """Every variant compiles from nothing: dynamo reset, and an empty inductor cache
+    directory with its in-memory code caches cleared. Without it a variant reuses the C++
+    kernels an earlier one compiled (plain torch.compile at batch 256 took 0.3 s after the
+    batch-32 run had built the same kernels), and first-call times mean nothing."""
+    import torch._inductor.utils as inductor_utils
+
+    torch._dynamo.reset()
+    fresh = getattr(inductor_utils, "fresh_cache", None) or \
+        inductor_utils.fresh_inductor_cache  # name before torch 2.8
+    return fresh()  # type: ignore[no-any-return]
+
+
 def _measure(backend: Any, name: str, batch: int, variant: str, model: torch.nn.Module,
              x: torch.Tensor, expected: torch.Tensor, flops: int, peaks: dict[str, float]
              ) -> Row:
-    torch._dynamo.reset()
+    with _fresh_compile_caches():
+        return _measure_variant(backend, name, batch, variant, model, x, expected, flops,
+                                peaks)
+
+
+def _measure_variant(backend: Any, name: str, batch: int, variant: str,
+                     model: torch.nn.Module, x: torch.Tensor, expected: torch.Tensor,
+                     flops: int, peaks: dict[str, float]) -> Row:
     compute_dtype = "float32"
     started = time.perf_counter()
     run_model: Callable[..., Any]

@@ -113,3 +113,16 @@ def test_generic_accelerator_hooks_use_the_device_module(monkeypatch: pytest.Mon
     assert generic.torchbridge_synchronize("cuda", dev)
     assert calls == ["empty", "reset", "sync"]
     assert generic.torchbridge_distributed_backend("cuda", dev) == "nccl"
+
+
+def test_cpu_memory_manager_refuses_more_than_the_host_has() -> None:
+    backend = torchbridge.get_backend("cpu")
+    manager = backend.memory_manager(pool_max_tensors=1)
+    free = backend.get_memory_stats().free_bytes
+    with pytest.raises(torchbridge.OutOfMemoryError, match="not enough free memory"):
+        manager.allocate_with_oom_protection((free // 4 + 1,), torch.float32)
+    t = manager.allocate_tensor((256,))
+    assert manager.return_to_pool(t) and not manager.return_to_pool(torch.empty(256))
+    assert manager.allocate_tensor((256,)) is t
+    assert manager.pool_stats()["default"] == {"hits": 1, "misses": 1, "dropped": 1,
+                                               "tensors": 0, "bytes": 0}

@@ -60,8 +60,7 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) 
 
 
 def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return math.prod(shape) * itemsize
+    return math.prod(shape) * dtype.itemsize
 
 
 def _shape(shape: Sequence[int] | torch.Size | int) -> tuple[int, ...]:

@@ -75,7 +75,7 @@ class ValidationReport:
 
 def _run(backend: Any, model: nn.Module, sample_input: Any, level: OptimizationLevel
          ) -> list[torch.Tensor]:
-    prepared = backend.prepare_model(copy.deepcopy(model), level)
+    prepared = backend.prepare_model(model, level)  # a copy: `model` stays on the CPU
     args = backend.to_device(sample_input if isinstance(sample_input, tuple)
                              else (sample_input,))
     with torch.no_grad():
@@ -104,7 +104,7 @@ def validate(model: nn.Module, sample_input: Any, backends: list[Any] | None = N
         backends = [s.name for s in list_backends() if s.available]
     if len(backends) < 2:
         raise ValueError(f"validate needs at least two backends to compare, got {backends}")
-    model = model.eval()
+    model = copy.deepcopy(model).eval()  # the caller's model keeps its mode
     report: ValidationReport | None = None
     reference: list[torch.Tensor] = []
     for entry in backends:

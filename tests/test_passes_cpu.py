@@ -91,3 +91,23 @@ def test_prepared_model_still_trains(level: str) -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_compile_is_skipped_where_measurement_says_it_cannot_pay() -> None:
+    backend = torchbridge.get_backend("cpu", TorchBridgeConfig(precision="float32"))
+    gemm = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024)).eval()
+    x = torch.randn(256, 1024)
+    skipped = {p.name: p.detail for p in backend.optimize(gemm, "O2", sample_input=x).skipped}
+    assert skipped["compile"].startswith("measured on the sample input: ")
+    assert "aten::addmm" in skipped["compile"] and "could save at most" in skipped["compile"]
+
+    conv = MODELS["convnet"].build().eval()  # convolutions: compiling them pays
+    result = backend.optimize(conv, "O2", sample_input=MODELS["convnet"].make_input(2))
+    assert "compile" in result.optimizations_applied
+    assert "compile_value_check" in result.optimizations_applied
+
+    without_sample = {p.name: p.detail for p in backend.optimize(gemm, "O2").skipped}
+    assert without_sample["compile_value_check"] == "needs sample_input to measure the model"
+    forced = torchbridge.get_backend("cpu", TorchBridgeConfig(
+        precision="float32", optimization={"disabled_passes": ["compile_value_check"]}))
+    assert "compile" in forced.optimize(gemm, "O2", sample_input=x).optimizations_applied

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from torchbridge.models import reference_models
-from torchbridge.optimize.measure import median_latency, output_drift
+from torchbridge.optimize.measure import interleaved_latency, median_latency, output_drift
 from torchbridge.types import dtype_name
 
 logger = logging.getLogger(__name__)
@@ -71,9 +71,8 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
     inductor_config.autotune_local_cache = False
     backend = torchbridge.get_backend()
     low = backend.low_precision_dtype()
-    peaks = {"float32": matmul_peak(torch.float32)}
-    if low is not None:
-        peaks[dtype_name(low)] = matmul_peak(low)
+    dtypes = [torch.float32] + ([low] if low is not None else [])
+    peaks = {dtype_name(d): matmul_peak(d) for d in dtypes}
     chosen = [m for m in reference_models(scale) if models is None or m.name in models]
     sizes: dict[str, tuple[int, ...]] = dict(batches or BATCHES)
     total = sum(len(sizes[m.name]) for m in chosen) * len(VARIANTS)
@@ -86,15 +85,20 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
         for batch in sizes[ref.name]:
             torch.manual_seed(0)
             model, x = ref.build().eval(), ref.make_input(batch)
-            flops = _flops(model, x)
-            with torch.inference_mode():
-                expected = model(x)
-            for variant in VARIANTS:
+
+            def step(variant: str, name: str = ref.name, batch: int = batch) -> None:
+                nonlocal done
                 if progress:
-                    progress(done, total, f"{ref.name} batch {batch} {variant}")
-                rows.append(_measure(backend, ref.name, batch, variant, model, x, expected,
-                                     flops, peaks))
+                    progress(done, total, f"{name} batch {batch} {variant}")
                 done += 1
+
+            rows.extend(_measure(backend, ref.name, batch, model, x, peaks, step))
+    # The peak is the best this machine showed: measured again at the end, since a slow
+    # spell at the start would make every "% of peak" look better than it is.
+    for d in dtypes:
+        peaks[dtype_name(d)] = max(peaks[dtype_name(d)], matmul_peak(d))
+    for r in rows:
+        r.peak_fraction = r.tflops * 1e12 / peaks[r.compute_dtype]
     if progress:
         progress(total, total, "done")
     by_key = {(r.model, r.batch, r.variant): r for r in rows}
@@ -120,43 +124,68 @@ def _fresh_compile_caches() -> contextlib.AbstractContextManager[Any]:
     return fresh()  # type: ignore[no-any-return]
 
 
-def _measure(backend: Any, name: str, batch: int, variant: str, model: torch.nn.Module,
-             x: torch.Tensor, expected: torch.Tensor, flops: int, peaks: dict[str, float]
-             ) -> Row:
+@dataclass
+class _Variant:
+    """One variant of one model, prepared and called once (the first call)."""
+
+    name: str
+    call: Callable[[], Any]
+    first_call_s: float
+    rel_error: float
+    compute_dtype: str
+    peak_memory_bytes: int | None
+
+
+def _prepare(backend: Any, variant: str, model: torch.nn.Module, x: torch.Tensor,
+             expected: torch.Tensor) -> _Variant:
     with _fresh_compile_caches():
-        return _measure_variant(backend, name, batch, variant, model, x, expected, flops,
-                                peaks)
-
-
-def _measure_variant(backend: Any, name: str, batch: int, variant: str,
-                     model: torch.nn.Module, x: torch.Tensor, expected: torch.Tensor,
-                     flops: int, peaks: dict[str, float]) -> Row:
-    compute_dtype = "float32"
-    started = time.perf_counter()
-    run_model: Callable[..., Any]
-    if variant == "eager":
-        run_model = model
-    elif variant == "compile":
-        run_model = torch.compile(copy.deepcopy(model))
-    else:
-        result = backend.optimize(model, variant)
-        run_model = result.model
-        if any(p.name == "autocast" and p.status == "applied" for p in result.passes):
-            compute_dtype = dtype_name(backend.low_precision_dtype())
-    args = backend.to_device(x)
-    if backend.get_memory_stats().peak_allocated_bytes is not None:
-        backend.reset_peak_memory_stats()
-    with torch.inference_mode():
-        out = run_model(args)
-    backend.synchronize()
-    first_call = time.perf_counter() - started
-    seconds = median_latency(lambda: run_model(args), backend.synchronize, warmup=2,
-                             repeats=10, min_seconds=1.0)
+        compute_dtype = "float32"
+        started = time.perf_counter()
+        run_model: Callable[..., Any]
+        if variant == "eager":
+            run_model = model
+        elif variant == "compile":
+            run_model = torch.compile(copy.deepcopy(model))
+        else:
+            # With the sample input, as a user who has one would: passes may measure it.
+            result = backend.optimize(model, variant, sample_input=x)
+            run_model = result.model
+            if any(p.name == "autocast" and p.status == "applied" for p in result.passes):
+                compute_dtype = dtype_name(backend.low_precision_dtype())
+        args = backend.to_device(x)
+        if backend.get_memory_stats().peak_allocated_bytes is not None:
+            backend.reset_peak_memory_stats()
+        with torch.inference_mode():
+            out = run_model(args)
+        backend.synchronize()
+        first_call = time.perf_counter() - started
     _, rel = output_drift(expected, out)
-    tflops = flops / seconds / 1e12
-    return Row(name, batch, variant, seconds * 1e3, first_call, rel, tflops,
-               tflops * 1e12 / peaks[compute_dtype], compute_dtype,
-               backend.get_memory_stats().peak_allocated_bytes)
+    return _Variant(variant, lambda: run_model(args), first_call, rel, compute_dtype,
+                    backend.get_memory_stats().peak_allocated_bytes)
+
+
+def _measure(backend: Any, name: str, batch: int, model: torch.nn.Module, x: torch.Tensor,
+             peaks: dict[str, float], progress: Callable[[str], None]) -> list[Row]:
+    """Every variant of one model at one batch size: prepared one by one (first call),
+    then timed round-robin, so that a slow spell of the machine slows all variants alike
+    rather than the one that happened to be running (timed one after the other, an O1
+    that changes nothing came out 1.7x slower than eager)."""
+    flops = _flops(model, x)
+    with torch.inference_mode():
+        expected = model(x)
+    variants = []
+    for variant in VARIANTS:
+        progress(variant)
+        variants.append(_prepare(backend, variant, model, x, expected))
+    seconds = interleaved_latency([v.call for v in variants], backend.synchronize, warmup=2,
+                                  repeats=10, min_seconds=1.0 * len(variants))
+    rows = []
+    for v, sec in zip(variants, seconds, strict=True):
+        tflops = flops / sec / 1e12
+        rows.append(Row(name, batch, v.name, sec * 1e3, v.first_call_s, v.rel_error, tflops,
+                        tflops * 1e12 / peaks[v.compute_dtype], v.compute_dtype,
+                        v.peak_memory_bytes))
+    return rows
 
 
 def targets(report: dict[str, Any]) -> list[tuple[str, bool, str]]:

@@ -8,7 +8,8 @@
 | transformer_composite | O2 | eval mode, nn.TransformerEncoderLayer: off the fused fast path |
 | autocast | O2 | the device has a native low-precision dtype (or config.precision names one) |
 | low_precision_weights | O3 | eval mode, after autocast: Linear/Conv/MHA weights in its dtype |
-| compile | O2 | torch.compile with inductor; plugins pass options through ctx.state |
+| compile | O2 | torch.compile with inductor; options through ctx.state["compile_options"], |
+|  |  | skipped when an earlier pass set ctx.state["skip_compile"] to its reason |
 """
 
 from __future__ import annotations
@@ -145,6 +146,12 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
     return model
 
 
+def _compile_check(model: nn.Module, ctx: PassContext) -> str | None:
+    # An earlier pass that measured the model may have found compiling not worth its cost.
+    reason: str | None = ctx.state.get("skip_compile")
+    return reason
+
+
 def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
     options: dict[str, Any] = ctx.state.get("compile_options", {})
     backend: str = ctx.state.get("compile_backend", "inductor")
@@ -178,6 +185,6 @@ def core_passes() -> list[OptimizationPass]:
                          "stored in the autocast dtype, not cast on every call", o3,
                          _low_precision_weights, _weights_check, mode="inference",
                          order=62),
-        OptimizationPass("compile", "torch.compile with inductor", o2, _compile, order=80,
-                         mutates=False),
+        OptimizationPass("compile", "torch.compile with inductor", o2, _compile,
+                         _compile_check, order=80, mutates=False),
     ]

@@ -149,3 +149,25 @@ def test_validate_cli_compares_cpu_with_xla() -> None:
                           "convnet", "--backends", "cpu,tpu"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "PASS tpu (xla:0)" in out.stdout
+
+
+def test_persistent_compilation_cache_fills_its_directory(tmp_path: Path) -> None:
+    # XLA takes its cache directory once per process, before the first compilation: a
+    # fresh process.
+    code = """if True:
+        import sys, torch, torchbridge
+        from torch import nn
+        config = torchbridge.TorchBridgeConfig.load(
+            hardware={"tpu": {"enable_xla_cache": True, "cache_dir": sys.argv[1]}})
+        backend = torchbridge.get_backend("tpu", config)
+        result = backend.optimize(nn.Linear(16, 4).eval(), "O2")
+        print({p.name: p.status for p in result.passes}["xla_compilation_cache"])
+        with torch.no_grad():
+            result.model(torch.randn(2, 16).to(backend.device)).cpu()
+    """
+    cache = tmp_path / "xla-cache"
+    out = subprocess.run([sys.executable, "-c", code, str(cache)], capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("applied")
+    assert any(cache.iterdir())  # compiled programs were written

@@ -39,7 +39,7 @@ LIBRARY_OPS = frozenset({
     "aten::_scaled_dot_product_flash_attention_for_cpu",
 })
 # Skip compile when at least this share of an eager call is library work: compiling could
-# then save at most a third of the time, and costs seconds of code generation (4-6 s for
+# then save at most a third of the time, and costs seconds of code generation (4-7 s for
 # the reference encoder and decoder LM, cold). Compile anyway with
 # optimization.disabled_passes = ["compile_value_check"].
 LIBRARY_SHARE_TO_SKIP_COMPILE = 2 / 3
@@ -67,17 +67,21 @@ class _LibraryTimer(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return out
 
 
-def library_time_share(model: nn.Module, args: tuple[Any, ...]) -> tuple[float, str]:
-    """(share of one eager call's wall time spent in LIBRARY_OPS, those ops as text).
-    The wall time includes Python and dispatch overhead, which compiling does remove."""
+def library_time_share(model: nn.Module, args: tuple[Any, ...], calls: int = 3
+                       ) -> tuple[float, str]:
+    """(share of an eager call's wall time spent in LIBRARY_OPS, those ops as text), over
+    `calls` calls after a warm-up. The wall time includes Python and dispatch overhead,
+    which compiling does remove."""
     with torch.no_grad():
         model(*args)  # warm-up: first-call allocations and lazy inits
         started = time.perf_counter()
-        model(*args)
+        for _ in range(calls):
+            model(*args)
         total = time.perf_counter() - started
         timer = _LibraryTimer()
         with timer:
-            model(*args)
+            for _ in range(calls):
+                model(*args)
     library = sum(timer.seconds.values())
     ops = sorted(timer.seconds.items(), key=lambda kv: -kv[1])
     described = ", ".join(f"{name} {sec / total:.0%}" for name, sec in ops) or "none"
@@ -98,9 +102,10 @@ def _compile_value(model: nn.Module, ctx: PassContext) -> nn.Module:
 
 def cpu_passes(backend: Backend) -> list[OptimizationPass]:
     passes = [
-        OptimizationPass("compile_value_check", "profiled the model to decide whether "
-                         "compiling it can pay", OptimizationLevel.O2, _compile_value,
-                         _needs_sample, mode="inference", order=78, mutates=False),
+        OptimizationPass("compile_value_check", "timed the model's matmul and attention "
+                         "kernels to decide whether compiling it can pay",
+                         OptimizationLevel.O2, _compile_value, _needs_sample,
+                         mode="inference", order=78, mutates=False),
         OptimizationPass("inference_freezing", "inductor freezing: weights folded as "
                          "constants and prepacked for oneDNN", OptimizationLevel.O3, _freeze,
                          mode="inference", order=79, mutates=False),

@@ -27,6 +27,18 @@ def reload_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     torchbridge.reload_plugins()
 
 
+@pytest.fixture
+def no_cuda_reason() -> str:
+    """Why the NVIDIA backend is unavailable here, as its probe says it: "built without
+    CUDA" on the CPU build of torch 2.13, "no NVIDIA GPU visible" on torch-xla's CUDA
+    build of torch 2.9 (the tests_xla session)."""
+    from torchbridge_nvidia.probe import probe
+
+    reason = probe().reason
+    assert reason, "these tests expect a machine without a usable NVIDIA GPU"
+    return reason
+
+
 def _present(marker: str) -> bool:
     import torch
 

@@ -130,7 +130,7 @@ def test_device_manager(monkeypatch: pytest.MonkeyPatch) -> None:
         manager.get_device_properties(4)
 
 
-def test_without_a_gpu_the_nvidia_api_says_so() -> None:
+def test_without_a_gpu_the_nvidia_api_says_so(no_cuda_reason: str) -> None:
     from torchbridge.backends.nvidia import (
         CUDADeviceManager,
         CUDANotAvailableError,
@@ -138,8 +138,9 @@ def test_without_a_gpu_the_nvidia_api_says_so() -> None:
     )
 
     for make in (NVIDIABackend, CUDADeviceManager):
-        with pytest.raises(CUDANotAvailableError, match="built without CUDA"):
+        with pytest.raises(CUDANotAvailableError) as info:
             make()
+        assert no_cuda_reason in str(info.value)
     assert issubclass(CUDANotAvailableError, torchbridge.BackendUnavailableError)
 
 

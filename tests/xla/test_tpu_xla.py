@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch_xla", reason="needs torch_xla: run `nox -s tests_xla`")
+# Checked before importing torch_xla: its import sets PJRT_DEVICE for the whole process.
 if os.environ.get("PJRT_DEVICE") != "CPU":
-    pytest.skip("set PJRT_DEVICE=CPU to run XLA on the CPU", allow_module_level=True)
+    pytest.skip("needs torch_xla and PJRT_DEVICE=CPU: run `nox -s tests_xla`",
+                allow_module_level=True)
+pytest.importorskip("torch_xla", reason="needs torch_xla: run `nox -s tests_xla`")
 
 import torch
 import torchbridge

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import BaseModel, Field
 from torchbridge import OptimizationLevel, OptimizationPass, hookimpl
 
-
-class ExampleConfig(BaseModel):
-    model_config = {"extra": "forbid", "validate_assignment": True}
-
-    greeting: str = "hello"
-    scale: float = Field(default=1.0, gt=0)
-    veto_pass: str | None = None
-    tag_models: bool = False
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
 @hookimpl
 def torchbridge_config_section() -> tuple[str, type[BaseModel]]:
+    from tb_example.config import ExampleConfig
+
     return "example", ExampleConfig
 
 

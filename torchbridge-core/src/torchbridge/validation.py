@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from torchbridge.levels import LEVEL_TOLERANCE, OptimizationLevel
-from torchbridge.optimize.measure import flatten_tensors
+from torchbridge.optimize.measure import call_args, flatten_tensors, tensor_drift
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +76,7 @@ class ValidationReport:
 def _run(backend: Any, model: nn.Module, sample_input: Any, level: OptimizationLevel
          ) -> list[torch.Tensor]:
     prepared = backend.prepare_model(model, level)  # a copy: `model` stays on the CPU
-    args = backend.to_device(sample_input if isinstance(sample_input, tuple)
-                             else (sample_input,))
+    args = call_args(backend, sample_input)
     with torch.no_grad():
         torch.manual_seed(0)
         out = prepared(*args)
@@ -143,9 +142,7 @@ def _compare(result: BackendValidation, reference: list[torch.Tensor],
             result.outputs.append(OutputComparison(i, tuple(out.shape), float("inf"),
                                                    float("inf"), False))
             continue
-        diff = (ref - out).abs().max().item() if ref.numel() else 0.0
-        scale = ref.abs().max().item() if ref.numel() else 0.0
-        rel = diff / scale if scale > 0 else diff
+        diff, rel = tensor_drift(ref, out)
         ok = rel <= tolerance and bool(torch.isfinite(out).all() == torch.isfinite(ref).all())
         result.outputs.append(OutputComparison(i, tuple(ref.shape), diff, rel, ok))
     result.passed = all(o.passed for o in result.outputs)

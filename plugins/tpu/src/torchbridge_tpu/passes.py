@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torchbridge.levels import OptimizationLevel
+from torchbridge.optimize.measure import call_args
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 
 if TYPE_CHECKING:
@@ -44,8 +45,7 @@ def _graph_check(model: nn.Module, ctx: PassContext) -> nn.Module:
     import torch_xla
     import torch_xla.debug.metrics as met
 
-    args = ctx.backend.to_device(ctx.sample_input if isinstance(ctx.sample_input, tuple)
-                                 else (ctx.sample_input,))
+    args = call_args(ctx.backend, ctx.sample_input)
     with torch.no_grad():
         model(*args)
         torch_xla.sync()

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchbridge.levels import OptimizationLevel
+from torchbridge.optimize.measure import call_args
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 
 if TYPE_CHECKING:
@@ -89,8 +90,7 @@ def library_time_share(model: nn.Module, args: tuple[Any, ...], calls: int = 3
 
 
 def _compile_value(model: nn.Module, ctx: PassContext) -> nn.Module:
-    sample = ctx.sample_input if isinstance(ctx.sample_input, tuple) else (ctx.sample_input,)
-    share, top = library_time_share(model, ctx.backend.to_device(sample))
+    share, top = library_time_share(model, call_args(ctx.backend, ctx.sample_input))
     verdict = f"measured on the sample input: {share:.0%} of eager time is in matmul and " \
               f"attention kernels that compiling leaves as they are ({top})"
     if share >= LIBRARY_SHARE_TO_SKIP_COMPILE:

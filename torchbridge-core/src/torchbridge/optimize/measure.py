@@ -22,6 +22,25 @@ def flatten_tensors(obj: Any) -> list[torch.Tensor]:
     return []
 
 
+def call_args(backend: Any, sample_input: Any) -> tuple[Any, ...]:
+    """A sample input as positional call arguments (a tuple means several) on the
+    backend's device."""
+    args = sample_input if isinstance(sample_input, tuple) else (sample_input,)
+    moved: tuple[Any, ...] = backend.to_device(args)
+    return moved
+
+
+def tensor_drift(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[float, float]:
+    """(max abs diff, max abs diff / max |reference|) of two same-shape tensors, in float32
+    on the CPU."""
+    if not reference.numel():
+        return 0.0, 0.0
+    ref32 = reference.detach().float().cpu()
+    diff = (ref32 - candidate.detach().float().cpu()).abs().max().item()
+    scale = ref32.abs().max().item()
+    return diff, diff / scale if scale > 0 else diff
+
+
 def output_drift(reference: Any, candidate: Any) -> tuple[float, float]:
     """(max abs diff, max abs diff / max |reference|) over all output tensors, in float32."""
     refs, cands = flatten_tensors(reference), flatten_tensors(candidate)
@@ -31,11 +50,8 @@ def output_drift(reference: Any, candidate: Any) -> tuple[float, float]:
     for ref, cand in zip(refs, cands, strict=True):
         if ref.shape != cand.shape:
             raise ValueError(f"output shapes differ: {tuple(ref.shape)} vs {tuple(cand.shape)}")
-        ref32 = ref.detach().float().cpu()
-        diff = (ref32 - cand.detach().float().cpu()).abs().max().item() if ref.numel() else 0.0
-        scale = ref32.abs().max().item() if ref.numel() else 0.0
-        max_abs = max(max_abs, diff)
-        max_rel = max(max_rel, diff / scale if scale > 0 else diff)
+        diff, rel = tensor_drift(ref, cand)
+        max_abs, max_rel = max(max_abs, diff), max(max_rel, rel)
     return max_abs, max_rel
 
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from torchbridge.errors import ModelOptimizationError
 from torchbridge.levels import OptimizationLevel
-from torchbridge.optimize.measure import compare_latency, output_drift
+from torchbridge.optimize.measure import call_args, compare_latency, output_drift
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 from torchbridge.optimize.report import OptimizationResult, PassRecord, attach_result
 from torchbridge.plugins import get_plugin_host
@@ -82,8 +82,7 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     reference_out = None
     args: tuple[Any, ...] = ()
     if sample_input is not None:  # O0 = the same model, only placed on the device
-        args = backend.to_device(sample_input if isinstance(sample_input, tuple)
-                                 else (sample_input,))
+        args = call_args(backend, sample_input)
         baseline = copy.deepcopy(model).to(backend.device)
         reference_out = _forward(baseline, args)
 

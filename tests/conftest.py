@@ -18,6 +18,17 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def fresh_discovery() -> Iterator[None]:
+    """Discovery runs once per process; tests that replay recorded devices patch a probe
+    first, so each test starts (and leaves) with discovery not yet run."""
+    from torchbridge import selection
+
+    selection._discovery = None
+    yield
+    selection._discovery = None
+
+
 @pytest.fixture
 def reload_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """For tests that change plugin loading (env lists, entry points): undo the patches,

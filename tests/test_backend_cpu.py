@@ -29,12 +29,12 @@ def test_seed_snippets_work() -> None:
 
 
 def test_cpu_info_reads_capabilities(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchbridge import cpu
+    from torchbridge.builtin.cpu import host
 
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(host, "cpu_flags", lambda: frozenset({"avx2"}))
     info = torchbridge.get_backend("cpu").get_device_info()
     assert info.preferred_low_precision_dtype is None  # no native bf16: stay in float32
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(host, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
     info = torchbridge.get_backend("cpu").get_device_info()
     assert info.preferred_low_precision_dtype == "bfloat16"
 
@@ -48,6 +48,7 @@ def test_precision_config_overrides_device_preference() -> None:
 
 
 def test_num_threads_config_is_applied() -> None:
+    """The cpu plugin's torchbridge_backend_created applies hardware.cpu.num_threads."""
     before = torch.get_num_threads()
     try:
         torchbridge.get_backend(config=torchbridge.TorchBridgeConfig(
@@ -57,6 +58,23 @@ def test_num_threads_config_is_applied() -> None:
         torch.set_num_threads(before)
 
 
+def test_creating_a_backend_leaves_process_state_alone() -> None:
+    """No config asks for anything: the user's logger level and torch's thread count stay
+    as they were. A config that asks for a logging level gets it."""
+    import logging
+
+    logger = logging.getLogger("torchbridge")
+    saved, threads = logger.level, torch.get_num_threads()
+    try:
+        logger.setLevel(logging.ERROR)
+        torchbridge.get_backend()
+        assert logger.level == logging.ERROR and torch.get_num_threads() == threads
+        torchbridge.get_backend(config=torchbridge.TorchBridgeConfig(logging_level="INFO"))
+        assert logger.level == logging.INFO
+    finally:
+        logger.setLevel(saved)
+
+
 def test_device_index_parsing() -> None:
     with pytest.raises(torchbridge.DeviceError, match="index 3 does not exist"):
         torchbridge.get_backend("cpu:3")
@@ -64,20 +82,36 @@ def test_device_index_parsing() -> None:
         torchbridge.get_backend("cpu:x")
     with pytest.raises(torchbridge.DeviceError, match="in backend name cpu:x"):
         torchbridge.get_backend(config=torchbridge.TorchBridgeConfig(backend="cpu:x"))
+    with pytest.raises(torchbridge.DeviceError, match="bad device index"):
+        torchbridge.get_backend("cpu:\u00b2")  # a digit to str.isdigit, not to int()
+
+
+def test_cpu_hosted_backend_hooks_receive_every_device_index() -> None:
+    """The example backend (two pretend devices on the host CPU): devices[1] reaches its
+    hooks as cpu:1, and it answers every hook itself."""
+    backend = torchbridge.get_backend("example")
+    assert backend.device == torch.device("cpu")  # tensors still land on the CPU
+    assert backend.get_device_info(1).device == "cpu:1"
+    assert backend.get_device_info(1).name == "Example Accelerator #1"
+    assert backend.get_memory_stats(1).device == "cpu:1"
+    assert backend.answered_by["torchbridge_device_info"] == "example_backend"
 
 
 def test_device_hooks_answer_for_cpu() -> None:
     """torchbridge_synchronize, torchbridge_empty_cache, torchbridge_reset_peak_memory_stats,
-    torchbridge_memory_stats and torchbridge_distributed_backend answer for the CPU."""
+    torchbridge_memory_stats and torchbridge_distributed_backend answer for the CPU, each
+    from the cpu plugin itself (no fallback)."""
     backend = torchbridge.get_backend("cpu")
-    hook = torchbridge.plugins.get_plugin_host().hook
-    dev = torch.device("cpu")
-    assert hook.torchbridge_synchronize(backend_name="cpu", device=dev) is True
-    assert hook.torchbridge_empty_cache(backend_name="cpu", device=dev) is True
-    assert hook.torchbridge_reset_peak_memory_stats(backend_name="cpu", device=dev) is True
-    assert hook.torchbridge_memory_stats(backend_name="cpu", device=dev).total_bytes > 0
-    assert hook.torchbridge_distributed_backend(backend_name="cpu", device=dev) == "gloo"
+    backend.synchronize()
+    backend.empty_cache()
+    backend.reset_peak_memory_stats()
+    assert backend.get_memory_stats().total_bytes > 0
     assert backend.distributed_backend == "gloo"
+    assert set(backend.answered_by) == {
+        "torchbridge_synchronize", "torchbridge_empty_cache",
+        "torchbridge_reset_peak_memory_stats", "torchbridge_memory_stats",
+        "torchbridge_distributed_backend"}
+    assert set(backend.answered_by.values()) == {"cpu"}
 
 
 def test_generic_accelerator_hooks_use_the_device_module(monkeypatch: pytest.MonkeyPatch
@@ -86,7 +120,7 @@ def test_generic_accelerator_hooks_use_the_device_module(monkeypatch: pytest.Mon
     module: here a recorded A100's figures behind a stand-in module."""
     from types import SimpleNamespace
 
-    from torchbridge import generic
+    from torchbridge.builtin import generic
 
     calls: list[str] = []
     props = SimpleNamespace(name="NVIDIA A100-SXM4-80GB", total_memory=85_100_000_000,

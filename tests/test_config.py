@@ -86,9 +86,14 @@ def test_unknown_keys_are_rejected_everywhere(monkeypatch: pytest.MonkeyPatch) -
 
 def test_bad_assignment_raises_and_changes_nothing() -> None:
     config = TorchBridgeConfig.load()
-    with pytest.raises(ConfigurationError, match="num_threads"):
+    with pytest.raises(ConfigurationError, match=r"hardware\.cpu\.num_threads = 0 \(from "
+                       r"assignment\)"):
         config.hardware.cpu.num_threads = 0
     assert config.hardware.cpu.num_threads is None
+    with pytest.raises(ConfigurationError, match=r"^invalid TorchBridge configuration: "
+                       r"memory\.max_memory_fraction = 2"):
+        config.memory.max_memory_fraction = 2
+    assert config.memory.max_memory_fraction is None
     config.optimization_level = "conservative"
     assert config.optimization_level is OptimizationLevel.O1
 
@@ -131,3 +136,40 @@ def test_a_plugin_section_that_raises_is_left_out(reload_plugins: None) -> None:
 
     record = next(r for r in plugin_records() if r.name == "bad_section")
     assert record.status == "error" and "section exploded" in (record.error or "")
+
+
+def test_section_rules_for_plugins_are_exported_and_applied(reload_plugins: None) -> None:
+    """torchbridge.ConfigSection gives a section the core's rules; a section on plain
+    pydantic BaseModel gets them too (a typo is an error, not silently dropped)."""
+    from pydantic import BaseModel
+
+    class Plain(BaseModel):
+        depth: int = 3
+
+    class Typed(torchbridge.ConfigSection):
+        width: int = 8
+
+    class Sections:
+        @torchbridge.hookimpl
+        def torchbridge_config_section(self) -> tuple[str, type[BaseModel]]:
+            return "plainsec", Plain
+
+    class TypedSections:
+        @torchbridge.hookimpl
+        def torchbridge_config_section(self) -> tuple[str, type[BaseModel]]:
+            return "typedsec", Typed
+
+    torchbridge.register_plugin(Sections(), name="plain_sections")
+    torchbridge.register_plugin(TypedSections(), name="typed_sections")
+    config = TorchBridgeConfig.load()
+    assert isinstance(config.hardware.plainsec, Plain)
+    with pytest.raises(ConfigurationError, match=r"hardware\.plainsec\.dpeth.*plugin "
+                       "plain_sections"):
+        TorchBridgeConfig(hardware={"plainsec": {"dpeth": 4}})
+    with pytest.raises(ConfigurationError, match=r"hardware\.plainsec\.depth"):
+        config.hardware.plainsec.depth = "deep"
+    with pytest.raises(ConfigurationError, match=r"hardware\.typedsec\.width"):
+        config.hardware.typedsec.width = "wide"
+    with pytest.raises(ConfigurationError, match=r"hardware\.nosuch \(from keyword "
+                       r"arguments\): no installed plugin"):
+        TorchBridgeConfig(hardware={"nosuch": {}})

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torchbridge
 from torch import nn
+from torchbridge import devices
 from torchbridge.types import ProbeResult
 from torchbridge_nvidia import probe
 from torchbridge_nvidia.probe import CUDAProperties
@@ -53,6 +54,11 @@ class FakeGPUs:
         monkeypatch.setattr(probe, "mem_get_info", lambda i: (self.free, self.props.total_memory))
         monkeypatch.setattr(probe, "allocator_counters", lambda i: (GB, 2 * GB, 3 * GB))
         monkeypatch.setattr(probe, "gpu_utilization", lambda i, bus: self.utilization)
+        # The core checks a Detection against the devices torch sees: the recorded machine's.
+        real_count = devices.runtime_device_count
+        monkeypatch.setattr(devices, "runtime_device_count",
+                            lambda kind: count if kind == "cuda" else real_count(kind))
+        torchbridge.list_backends(rescan=True)
 
 
 @pytest.fixture

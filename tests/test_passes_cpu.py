@@ -52,9 +52,9 @@ def test_skip_reasons_for_an_mlp_at_o1() -> None:
 
 
 def test_no_bf16_autocast_without_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchbridge import cpu
+    from torchbridge.builtin.cpu import host
 
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(host, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     result = torchbridge.get_backend("cpu").optimize(MODELS["mlp"].build().eval(), "O2")
     record = next(p for p in result.passes if p.name == "autocast")
     assert record.status == "skipped" and "no native low-precision dtype" in record.detail

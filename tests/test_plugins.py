@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torchbridge
@@ -26,8 +29,86 @@ def test_third_party_plugins_are_discovered() -> None:
 def test_third_party_backend_is_selectable_by_name_only() -> None:
     assert torchbridge.detect_best_backend() == "cpu"  # priority -5 loses to cpu's 0
     backend = torchbridge.get_backend("example")
-    assert backend.get_device_info().name == "Example Accelerator"
+    assert backend.get_device_info().name == "Example Accelerator #0"
     assert backend.get_device_info().vendor == "Example Corp"
+
+
+def test_device_hooks_get_the_backend_with_the_callers_config() -> None:
+    """A plugin reads its own section through the `backend` argument: the config passed to
+    get_backend, not one it loads itself."""
+    config = torchbridge.TorchBridgeConfig(hardware={"example": {"greeting": "hej",
+                                                                 "memory_gb": 2.0}})
+    backend = torchbridge.get_backend("example", config=config)
+    assert backend.hardware_config is config.hardware.example
+    info = backend.get_device_info()
+    assert info.extra["greeting"] == "hej" and info.memory_total_gb == 2.0
+    assert backend.get_memory_stats().total_bytes == 2 * 1024**3
+    assert torchbridge.get_backend("example").get_device_info().extra["greeting"] == "hello"
+
+
+def test_only_the_owner_and_opted_in_fallbacks_answer(reload_plugins: None) -> None:
+    """A backend that implements only torchbridge_detect on the CPU gets no host-CPU
+    description unless it opts into the cpu fallback, and the answer says who gave it."""
+
+    class Lean:
+        def __init__(self, fallbacks: tuple[str, ...] | None) -> None:
+            self.fallbacks = fallbacks
+
+        @torchbridge.hookimpl
+        def torchbridge_detect(self) -> torchbridge.Detection:
+            return torchbridge.Detection("lean", True, -30, "cpu", 1, "Lean", "lean",
+                                         fallbacks=self.fallbacks)
+
+    torchbridge.register_plugin(Lean(()), name="lean")
+    lean = torchbridge.get_backend("lean")
+    with pytest.raises(torchbridge.DeviceError, match="no plugin answered "
+                       "torchbridge_device_info for cpu:0 of backend 'lean'"):
+        lean.get_device_info()
+    with pytest.raises(torchbridge.DeviceError, match="torchbridge_synchronize"):
+        lean.synchronize()
+    assert "no plugin answered torchbridge_memory_stats" in (lean.get_memory_stats().notes or "")
+    torchbridge.unregister_plugin("lean")
+
+    torchbridge.register_plugin(Lean(("cpu",)), name="lean")
+    lean = torchbridge.get_backend("lean")
+    info = lean.get_device_info()
+    assert lean.answered_by["torchbridge_device_info"] == "cpu (fallback)"
+    assert "answered by the core's cpu fallback, not by plugin lean" in (info.notes or "")
+    torchbridge.unregister_plugin("lean")
+
+    with pytest.warns(DeprecationWarning, match="leans on the core's fallback answers"):
+        torchbridge.register_plugin(Lean(None), name="lean")  # written before fallbacks
+        lean = torchbridge.get_backend("lean")
+    assert lean.get_device_info().name  # still works, as it did
+    assert lean.answered_by["torchbridge_device_info"] == "cpu (fallback)"
+    assert any("without opting in" in w for w in records()["lean"].warnings)
+
+
+def test_plugins_written_against_the_first_hookspec_keep_working(reload_plugins: None
+                                                                 ) -> None:
+    """Implementations that name only (backend_name, device) still receive them."""
+
+    class OldStyle:
+        @torchbridge.hookimpl
+        def torchbridge_detect(self) -> torchbridge.Detection:
+            return torchbridge.Detection("oldstyle", True, -30, "cpu", 1, fallbacks=())
+
+        @torchbridge.hookimpl
+        def torchbridge_device_info(self, backend_name: str, device: torch.device
+                                    ) -> torchbridge.DeviceInfo | None:
+            if backend_name != "oldstyle":
+                return None
+            return torchbridge.DeviceInfo("Old", backend_name, None, None, None, ["float32"],
+                                          device=str(device))
+
+        @torchbridge.hookimpl
+        def torchbridge_kernel(self, op: str, backend_name: str) -> object:
+            return (lambda *a, **k: "old") if backend_name == "oldstyle" else None
+
+    torchbridge.register_plugin(OldStyle(), name="oldstyle")
+    backend = torchbridge.get_backend("oldstyle")
+    assert backend.get_device_info().name == "Old"
+    assert torchbridge.get_kernel("silu_mul", backend)() == "old"
 
 
 def test_broken_plugins_are_reported_and_the_host_keeps_working() -> None:
@@ -47,7 +128,7 @@ def test_block_list_and_allow_list(monkeypatch: pytest.MonkeyPatch, reload_plugi
     found = records()
     assert found["example"].status == "disabled"
     assert "TORCHBRIDGE_DISABLE_PLUGINS" in (found["example"].error or "")
-    assert not hasattr(torchbridge.TorchBridgeConfig.load().hardware, "example")
+    assert hasattr(torchbridge.TorchBridgeConfig.load().hardware, "example")  # backend's
     assert torchbridge.get_kernel("rms_norm").__module__ == "torchbridge.kernels"
 
     monkeypatch.delenv("TORCHBRIDGE_DISABLE_PLUGINS")
@@ -77,15 +158,17 @@ def test_tryfirst_plugin_overrides_a_builtin_hook(reload_plugins: None) -> None:
     assert torchbridge.get_backend("cpu").get_device_info().name != "Overridden CPU"
 
 
-def test_plugin_detection_overrides_builtin_for_same_name(reload_plugins: None) -> None:
+def test_the_builtin_cpu_backend_cannot_be_replaced(reload_plugins: None) -> None:
     class TwoCpus:
         @torchbridge.hookimpl(tryfirst=True)
         def torchbridge_detect(self) -> torchbridge.Detection:
-            return torchbridge.Detection("cpu", True, 0, "cpu", 1, "Override", "replaced")
+            return torchbridge.Detection("cpu", False, 0, "cpu", 0, "Override", "replaced")
 
     torchbridge.register_plugin(TwoCpus(), name="two_cpus")
     cpu = next(s for s in torchbridge.list_backends() if s.name == "cpu")
-    assert cpu.plugin == "two_cpus" and cpu.vendor == "Override"
+    assert cpu.plugin == "cpu" and cpu.available
+    assert "the cpu backend is built in" in (records()["two_cpus"].error or "")
+    assert torchbridge.get_backend().name == "cpu"
 
 
 def test_detection_returning_garbage_is_reported(reload_plugins: None) -> None:
@@ -97,7 +180,7 @@ def test_detection_returning_garbage_is_reported(reload_plugins: None) -> None:
     torchbridge.register_plugin(Garbage(), name="garbage")
     names = [s.name for s in torchbridge.list_backends()]
     assert "cpu" in names
-    assert "expected torchbridge.types.Detection" in (records()["garbage"].error or "")
+    assert "returned str, expected torchbridge.Detection" in (records()["garbage"].error or "")
 
 
 def test_loading_is_thread_safe_and_happens_once(reload_plugins: None) -> None:
@@ -114,3 +197,39 @@ def test_loading_is_thread_safe_and_happens_once(reload_plugins: None) -> None:
     for t in threads:
         t.join()
     assert len({id(h) for h in hosts}) == 1
+
+
+DECLARED_DEVICE_TYPE = """
+import torchbridge
+from torchbridge.devices import declare_device_type
+
+class Npu:
+    def __init__(self, declare):
+        self.declare = declare
+
+    @torchbridge.hookimpl
+    def torchbridge_detect(self):
+        if self.declare:
+            declare_device_type("acmenpu")
+        return torchbridge.Detection("acme", True, 50, "acmenpu", 1, "Acme", fallbacks=())
+
+torchbridge.register_plugin(Npu(False), name="undeclared")
+status = {s.name: s for s in torchbridge.list_backends()}
+print("undeclared offered:", "acme" in status)
+print("error:", torchbridge.plugins.get_plugin_host().records["undeclared"].error)
+torchbridge.unregister_plugin("undeclared")
+torchbridge.register_plugin(Npu(True), name="declared")
+status = {s.name: s for s in torchbridge.list_backends()}
+print("declared offered:", status["acme"].available, status["acme"].device_type)
+print("best:", torchbridge.detect_best_backend())
+"""
+
+
+def test_a_new_device_type_must_be_declared_through_torch() -> None:
+    """PrivateUse1 can be renamed once per process, so this runs in its own."""
+    out = subprocess.run([sys.executable, "-c", DECLARED_DEVICE_TYPE], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert "undeclared offered: False" in out
+    assert "device_type 'acmenpu' is not a torch device type; declare it first" in out
+    assert "declared offered: True acmenpu" in out
+    assert "best: acme" in out  # priority 50 beats cpu's 0

@@ -78,6 +78,7 @@ def fake_torch_runtime(monkeypatch: pytest.MonkeyPatch, cuda: str | None, hip: s
     monkeypatch.setattr(torch.version, "hip", hip)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    torchbridge.list_backends(rescan=True)
 
 
 def test_nvidia_node_selects_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,8 +105,13 @@ def test_cuda_build_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_xpu_detected_below_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     import torchbridge_intel.probe as intel
+    from torchbridge import devices
 
     monkeypatch.setattr(intel, "probe", lambda: torchbridge.types.ProbeResult(True, 2, None))
+    real_count = devices.runtime_device_count
+    monkeypatch.setattr(devices, "runtime_device_count",  # torch sees the two XPUs
+                        lambda kind: 2 if kind == "xpu" else real_count(kind))
+    torchbridge.list_backends(rescan=True)
     assert torchbridge.detect_best_backend() == "xpu"
     fake_torch_runtime(monkeypatch, *H100_NODE)
     assert torchbridge.detect_best_backend() == "cuda"
@@ -126,5 +132,6 @@ def test_tpu_indicated_without_torch_xla(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None
                         if name == "torch_xla" else real_find_spec(name, *a))
     monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    torchbridge.list_backends(rescan=True)
     reason = statuses()["tpu"].reason or ""
     assert "PJRT_DEVICE=TPU" in reason and "torch_xla is not installed" in reason

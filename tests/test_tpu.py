@@ -10,7 +10,7 @@ from torchbridge_tpu.xla import tpu_version
 
 
 def tpu_status() -> torchbridge.BackendStatus:
-    return {s.name: s for s in torchbridge.list_backends()}["tpu"]
+    return {s.name: s for s in torchbridge.list_backends(rescan=True)}["tpu"]
 
 
 @pytest.mark.parametrize(("kind", "version"), [

@@ -26,6 +26,11 @@ from torchbridge.testing import BackendContract
 class TestXLABackendContract(BackendContract):
     backend_name = "tpu"
 
+    def make_unavailable(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from torchbridge_tpu import probe
+
+        monkeypatch.setattr(probe, "probe", lambda: probe.XlaIndication(False, None, None, True))
+
 
 @pytest.fixture(scope="module")
 def tpu() -> torchbridge.Backend:

@@ -32,21 +32,21 @@ from torchbridge.types import BackendStatus, Detection, DeviceInfo, MemoryStats
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from torchbridge.backend import Backend
+    from torchbridge.backend import Backend, get_backend, get_kernel
     from torchbridge.checkpoint import load_checkpoint, save_checkpoint
-    from torchbridge.config import TorchBridgeConfig
-    from torchbridge.kernels import get_kernel
+    from torchbridge.config import ConfigSection, TorchBridgeConfig
     from torchbridge.optimize.passes import OptimizationPass, PassContext
     from torchbridge.optimize.report import OptimizationResult, optimization_result
     from torchbridge.plugins import register_plugin, reload_plugins, unregister_plugin
-    from torchbridge.selection import detect_best_backend, get_backend, list_backends
+    from torchbridge.selection import detect_best_backend, list_backends
     from torchbridge.validation import validate
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
     "Backend": "torchbridge.backend",
     "TorchBridgeConfig": "torchbridge.config",
-    "get_kernel": "torchbridge.kernels",
+    "get_kernel": "torchbridge.backend",
+    "ConfigSection": "torchbridge.config",
     "OptimizationPass": "torchbridge.optimize.passes",
     "PassContext": "torchbridge.optimize.passes",
     "OptimizationResult": "torchbridge.optimize.report",
@@ -54,7 +54,7 @@ _LAZY = {
     "register_plugin": "torchbridge.plugins",
     "unregister_plugin": "torchbridge.plugins",
     "reload_plugins": "torchbridge.plugins",
-    "get_backend": "torchbridge.selection",
+    "get_backend": "torchbridge.backend",
     "save_checkpoint": "torchbridge.checkpoint",
     "load_checkpoint": "torchbridge.checkpoint",
     "validate": "torchbridge.validation",
@@ -76,7 +76,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Backend", "BackendStatus", "BackendUnavailableError", "CheckpointError",
-    "ConfigurationError", "Detection",
+    "ConfigSection", "ConfigurationError", "Detection",
     "DeviceError", "DeviceInfo", "KernelCompilationError", "KernelError", "MemoryStats",
     "ModelOptimizationError", "OptimizationLevel", "OptimizationPass", "OptimizationResult",
     "OutOfMemoryError", "PassContext", "PluginError", "TorchBridgeConfig", "TorchBridgeError",

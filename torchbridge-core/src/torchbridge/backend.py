@@ -1,4 +1,10 @@
-"""The Backend facade: one class for every backend; plugins answer through hooks."""
+"""The Backend facade: one class for every backend; plugins answer through hooks.
+
+Device-level hooks (description, memory, synchronize, ...) are answered by the backend's own
+plugin. Before it, another plugin's `tryfirst=True` implementation may override it; after
+it, only the core fallbacks the backend opted into (`Detection.fallbacks`) are asked, and
+`backend.answered_by` and the answer's notes say when one did.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +14,45 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pluggy
 import torch
+from torch.utils import _pytree as pytree
 
-from torchbridge.errors import DeviceError
-from torchbridge.plugins import get_plugin_host
+from torchbridge.config import TorchBridgeConfig, hardware_sections
+from torchbridge.errors import BackendUnavailableError, DeviceError
+from torchbridge.kernels import resolve_kernel
+from torchbridge.memory import MemoryManager, apply_memory_fraction
+from torchbridge.optimize.pipeline import run_pipeline
+from torchbridge.plugins import exclusive_step, get_plugin_host
+from torchbridge.selection import backend_status, best_available, list_backends
 from torchbridge.types import BackendStatus, DeviceInfo, MemoryStats
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from torchbridge.config import TorchBridgeConfig
     from torchbridge.optimize.report import OptimizationResult
 
 logger = logging.getLogger(__name__)
+
+# Device-level hooks and the type of a valid answer.
+DEVICE_HOOKS: dict[str, type] = {
+    "torchbridge_device_info": DeviceInfo,
+    "torchbridge_memory_stats": MemoryStats,
+    "torchbridge_empty_cache": bool,
+    "torchbridge_reset_peak_memory_stats": bool,
+    "torchbridge_synchronize": bool,
+    "torchbridge_distributed_backend": str,
+}
+
+
+def _answer_problem(hook: str) -> Callable[[Any], str | None]:
+    expected = DEVICE_HOOKS[hook]
+
+    def problem(result: Any) -> str | None:
+        if isinstance(result, expected):
+            return None
+        return f"returned {type(result).__name__}, expected {expected.__name__} or None"
+    return problem
 
 
 class Backend:
@@ -29,20 +61,20 @@ class Backend:
 
     def __init__(self, status: BackendStatus, config: TorchBridgeConfig, index: int = 0) -> None:
         if not status.available:
-            from torchbridge.errors import BackendUnavailableError
-
             raise BackendUnavailableError(f"backend {status.name!r} is unavailable: "
                                           f"{status.reason}", backend=status.name)
         self.status = status
         self.config = config
-        self._hooks = get_plugin_host().hook
+        self.answered_by: dict[str, str] = {}  # hook -> plugin that answered it last
+        self._index = 0
         self._index = self._check_index(index)
-        logging.getLogger("torchbridge").setLevel(config.logging_level)
-        from torchbridge.cpu import apply_thread_setting
-        from torchbridge.memory import apply_memory_fraction
-
-        apply_thread_setting(config)
+        # Process-wide state changes only where the config asks for one.
+        if config.logging_level is not None:
+            logging.getLogger("torchbridge").setLevel(config.logging_level)
         apply_memory_fraction(self)
+        with exclusive_step("creating a backend"):
+            for _ in get_plugin_host().call_each("torchbridge_backend_created", backend=self):
+                pass
         logger.info("backend %s selected (%d device(s), plugin %s)", status.name,
                     status.device_count, status.plugin)
 
@@ -56,6 +88,11 @@ class Backend:
         return self.status.vendor
 
     @property
+    def plugin(self) -> str | None:
+        """The plugin that reported this backend, which answers its hooks."""
+        return self.status.plugin
+
+    @property
     def is_available(self) -> bool:
         return self.status.available
 
@@ -64,22 +101,30 @@ class Backend:
         return self.status.device_count
 
     @property
+    def fallbacks(self) -> tuple[str, ...]:
+        """The core's answers this backend opted into: "generic", "cpu". A plugin written
+        before fallbacks existed (Detection.fallbacks None) gets the one for its device
+        type, as it did then."""
+        if self.status.fallbacks is not None:
+            return self.status.fallbacks
+        return ("cpu",) if self.status.device_type == "cpu" else ("generic",)
+
+    @property
     def hardware_config(self) -> Any:
-        """This backend's config section, `config.hardware.<plugin name>` (e.g.
+        """This backend's config section: the one its plugin contributes (e.g.
         `config.hardware.nvidia` for cuda), or None when its plugin has none."""
-        if self.status.plugin is None:
-            return None
-        return getattr(self.config.hardware, self.status.plugin, None)
+        owners = hardware_sections().owners
+        section = next((name for name, plugin in owners.items() if plugin == self.plugin), None)
+        return getattr(self.config.hardware, section, None) if section else None
 
-    def memory_manager(self, **pool_limits: Any) -> Any:
+    def memory_manager(self, **pool_limits: Any) -> MemoryManager:
         """A `torchbridge.memory.MemoryManager` for this backend's device."""
-        from torchbridge.memory import MemoryManager
-
         return MemoryManager(self, **pool_limits)
 
     def _check_index(self, index: int | None) -> int:
         index = self._index if index is None else index
-        if not isinstance(index, int) or not 0 <= index < self.device_count:
+        if not isinstance(index, int) or isinstance(index, bool) \
+                or not 0 <= index < self.device_count:
             raise DeviceError(f"{self.name} has {self.device_count} device(s); "
                               f"index {index!r} does not exist")
         return index
@@ -89,6 +134,10 @@ class Backend:
         if self.status.device_type == "cpu":
             return torch.device("cpu")  # so that tensor.device == backend.device holds
         return torch.device(self.status.device_type, index)
+
+    def hook_device(self, index: int | None = None) -> torch.device:
+        """The device device-level hooks receive: always with its index, also on cpu."""
+        return torch.device(self.status.device_type, self._check_index(index))
 
     @property
     def device(self) -> torch.device:
@@ -103,31 +152,79 @@ class Backend:
         return f"Backend(name={self.name!r}, device={str(self.device)!r}, " \
                f"device_count={self.device_count})"
 
+    # -- device-level hooks ---------------------------------------------------------------
+    def _answerers(self, hook: str) -> list[tuple[pluggy.HookImpl, str]]:
+        """(implementation, role) in the order they are asked: overrides (another plugin's
+        tryfirst), the owner, then the opted-in fallbacks."""
+        impls = get_plugin_host().implementations(hook)
+        owner, fallbacks = self.plugin, self.fallbacks
+        overrides = [(i, "override") for i in impls if i.tryfirst and i.plugin_name != owner
+                     and i.plugin_name not in ("cpu", "generic")]
+        own = [(i, "own") for i in impls if i.plugin_name == owner]
+        fallback = [(i, "fallback") for name in fallbacks for i in impls
+                    if i.plugin_name == name != owner]
+        return overrides + own + fallback
+
+    def call_device_hook(self, hook: str, index: int | None) -> tuple[Any, str | None]:
+        """(answer, who) for a device-level hook; (None, None) when nobody answered. A
+        plugin that raises or answers with the wrong type is recorded and skipped."""
+        host = get_plugin_host()
+        kwargs = {"backend_name": self.name, "device": self.hook_device(index), "backend": self}
+        check = _answer_problem(hook)
+        for impl, role in self._answerers(hook):
+            ok, result = host.call_one(impl, hook, kwargs, check)
+            if ok and result is not None and result is not False:
+                who = impl.plugin_name if role == "own" else f"{impl.plugin_name} ({role})"
+                self.answered_by[hook] = who
+                return result, who
+        self.answered_by.pop(hook, None)
+        return None, None
+
+    def _unanswered(self, hook: str, index: int | None) -> str:
+        """Why nobody answered `hook`: with every error a plugin asked for it recorded."""
+        host = get_plugin_host()
+        errors = [f"plugin {impl.plugin_name} {error}" for impl, _ in self._answerers(hook)
+                  for record in [host.records.get(impl.plugin_name)] if record is not None
+                  for error in record.errors if error.startswith(f"in {hook}:")]
+        fallbacks = ", ".join(self.fallbacks) or "none"
+        return (f"no plugin answered {hook} for {self.hook_device(index)} of backend "
+                f"{self.name!r} (plugin {self.plugin}, fallbacks: {fallbacks})"
+                + "".join(f"; {e}" for e in errors))
+
+    def _fallback_note(self, who: str) -> str | None:
+        if "(fallback)" not in who:
+            return None
+        return f"answered by the core's {who.split()[0]} fallback, not by plugin {self.plugin}"
+
     # -- description and memory -----------------------------------------------------------
     def get_device_info(self, index: int = 0) -> DeviceInfo:
-        device = self.device_at(index)
-        info: DeviceInfo | None = self._hooks.torchbridge_device_info(
-            backend_name=self.name, device=device)
+        info, who = self.call_device_hook("torchbridge_device_info", index)
         if info is None:
-            raise DeviceError(f"no plugin describes {device} of backend {self.name!r}")
+            raise DeviceError(self._unanswered("torchbridge_device_info", index))
+        changes: dict[str, Any] = {}
         if info.vendor is None and self.vendor is not None:
-            info = dataclasses.replace(info, vendor=self.vendor)
-        return info
+            changes["vendor"] = self.vendor
+        note = self._fallback_note(who or "")
+        if note:
+            changes["notes"] = f"{info.notes}; {note}" if info.notes else note
+        return dataclasses.replace(info, **changes) if changes else info  # type: ignore[no-any-return]
 
     def get_memory_stats(self, index: int | None = None) -> MemoryStats:
         """Memory in bytes (None where unknowable); `stats["allocated"]` gives MB."""
-        device = self.device_at(index)
-        stats: MemoryStats | None = self._hooks.torchbridge_memory_stats(
-            backend_name=self.name, device=device)
+        stats, who = self.call_device_hook("torchbridge_memory_stats", index)
         if stats is None:
-            return MemoryStats(device=str(device), notes=f"no plugin reports memory of {device}")
-        return stats
+            return MemoryStats(device=str(self.device_at(index)),
+                               notes=self._unanswered("torchbridge_memory_stats", index))
+        note = self._fallback_note(who or "")
+        if note:
+            stats = dataclasses.replace(stats, notes=f"{stats.notes}; {note}"
+                                        if stats.notes else note)
+        return stats  # type: ignore[no-any-return]
 
     def _device_call(self, hook: str, index: int | None) -> None:
-        device = self.device_at(index)
-        done = getattr(self._hooks, hook)(backend_name=self.name, device=device)
+        done, _ = self.call_device_hook(hook, index)
         if done is None:
-            raise DeviceError(f"no plugin implements {hook} for {device} ({self.name})")
+            raise DeviceError(self._unanswered(hook, index))
 
     def empty_cache(self) -> None:
         self._device_call("torchbridge_empty_cache", None)
@@ -137,6 +234,12 @@ class Backend:
 
     def synchronize(self, index: int | None = None) -> None:
         self._device_call("torchbridge_synchronize", index)
+
+    @property
+    def distributed_backend(self) -> str | None:
+        """The torch.distributed backend name for this device ("nccl", "gloo", ...)."""
+        name, _ = self.call_device_hook("torchbridge_distributed_backend", None)
+        return name  # type: ignore[no-any-return]
 
     # -- execution helpers ----------------------------------------------------------------
     def low_precision_dtype(self, info: DeviceInfo | None = None) -> torch.dtype | None:
@@ -157,27 +260,14 @@ class Backend:
             return torch.autocast(device_type=self.device.type, enabled=False)
         return torch.autocast(device_type=self.device.type, dtype=dtype, enabled=enabled)
 
-    @property
-    def distributed_backend(self) -> str | None:
-        """The torch.distributed backend name for this device ("nccl", "gloo", ...)."""
-        name: str | None = self._hooks.torchbridge_distributed_backend(
-            backend_name=self.name, device=self.device)
-        return name
-
     def get_kernel(self, op: str) -> Callable[..., Any]:
-        from torchbridge.kernels import get_kernel
-
-        return get_kernel(op, self)
+        return resolve_kernel(op, self)
 
     def to_device(self, obj: Any) -> Any:
         """Move a tensor, a module, or a (nested) list/tuple/dict of tensors to this device."""
-        if isinstance(obj, (torch.Tensor, torch.nn.Module)):
-            return obj.to(self.device)
-        if isinstance(obj, dict):
-            return {k: self.to_device(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(self.to_device(v) for v in obj)
-        return obj
+        return pytree.tree_map(
+            lambda leaf: leaf.to(self.device)
+            if isinstance(leaf, (torch.Tensor, torch.nn.Module)) else leaf, obj)
 
     # -- models ---------------------------------------------------------------------------
     def optimize(self, model: nn.Module, level: Any = None, sample_input: Any = None,
@@ -186,8 +276,6 @@ class Backend:
         """Run the pass pipeline at `level` (default: config.optimization_level) and return
         the full report: passes applied, skipped (why) and failed (error); output drift
         against O0 when `sample_input` is given; measured speedup when `measure=True`."""
-        from torchbridge.optimize.pipeline import run_pipeline
-
         return run_pipeline(self, model, level, sample_input=sample_input, measure=measure,
                             inplace=inplace, strict=strict)
 
@@ -196,3 +284,27 @@ class Backend:
         """The prepared model. Its report: `torchbridge.optimization_result(prepared)`."""
         return self.optimize(model, level, sample_input=sample_input, inplace=inplace,
                              strict=strict).model
+
+
+def get_backend(name: str | None = None, config: TorchBridgeConfig | None = None) -> Backend:
+    """The named backend, else config.backend (file, env TORCHBRIDGE_BACKEND, kwargs), else
+    the best available one. Raises BackendUnavailableError saying why and what to install."""
+    if config is not None and not isinstance(config, TorchBridgeConfig):
+        raise TypeError(f"config must be a TorchBridgeConfig, got {type(config).__name__}")
+    config = config if config is not None else TorchBridgeConfig.load()
+    statuses = list_backends()
+    chosen = name or config.backend or best_available(statuses).name
+    index = 0
+    if isinstance(chosen, str) and ":" in chosen:  # "cuda:1"
+        chosen, _, idx = chosen.partition(":")
+        if not (idx.isascii() and idx.isdigit()):
+            raise DeviceError(f"bad device index {idx!r} in backend name {chosen}:{idx}; "
+                              "expected a number such as cuda:1")
+        index = int(idx)
+    return Backend(backend_status(chosen, statuses), config, index=index)
+
+
+def get_kernel(op: str, backend: Backend | str | None = None) -> Callable[..., Any]:
+    """The implementation of `op` for `backend` (default: the selected backend)."""
+    resolved = backend if isinstance(backend, Backend) else get_backend(backend)
+    return resolve_kernel(op, resolved)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchbridge.backend import get_backend
 from torchbridge.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -115,8 +116,6 @@ def load_checkpoint(path: str | os.PathLike[str], backend: Any = None,
     device = None
     if backend is not None:
         if isinstance(backend, str):
-            from torchbridge.selection import get_backend
-
             backend = get_backend(backend)
         device = backend.device
 

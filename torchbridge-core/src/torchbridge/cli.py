@@ -9,8 +9,13 @@ from collections.abc import Sequence
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    import logging
+
     from torchbridge import doctor
 
+    # The report lists every plugin error and warning itself; logging them too would print
+    # each twice.
+    logging.getLogger("torchbridge").setLevel(logging.ERROR)
     report = doctor.collect()
     if args.json:
         print(json.dumps(report, indent=2, default=str))

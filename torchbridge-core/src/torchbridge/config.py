@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -21,6 +22,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SerializeAsAny,
     ValidationError,
     create_model,
@@ -29,6 +31,7 @@ from pydantic import (
 
 from torchbridge.errors import ConfigurationError
 from torchbridge.levels import OptimizationLevel
+from torchbridge.plugins import exclusive_step, get_plugin_host
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -43,17 +46,21 @@ _PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
                       "half": "float16", "float": "float32"}
 
 
+def _source_of(loc: tuple[str, ...], sources: dict[tuple[str, ...], str]) -> str:
+    """Where the value at `loc` came from: the longest recorded prefix of its path."""
+    for cut in range(len(loc), 0, -1):
+        if loc[:cut] in sources:
+            return sources[loc[:cut]]
+    return "defaults"
+
+
 def _raise_configuration_error(exc: ValidationError, prefix: tuple[str, ...],
                                sources: dict[tuple[str, ...], str]) -> None:
     problems = []
     first: tuple[str, Any, str] | None = None
     for err in exc.errors():
         loc = prefix + tuple(str(part) for part in err["loc"])
-        source = "defaults"
-        for cut in range(len(loc), 0, -1):
-            if loc[:cut] in sources:
-                source = sources[loc[:cut]]
-                break
+        source = _source_of(loc, sources)
         path = ".".join(loc) or "<root>"
         value = err.get("input")
         problems.append(f"{path} = {value!r} (from {source}): {err['msg']}")
@@ -64,32 +71,61 @@ def _raise_configuration_error(exc: ValidationError, prefix: tuple[str, ...],
     raise ConfigurationError(message, field=first[0], value=first[1], source=first[2]) from None
 
 
-class ConfigModel(BaseModel):
-    """Base of every config model: unknown keys rejected, assignments validated.
+class ConfigSection(BaseModel):
+    """Base of every config model, and of plugin sections: unknown keys are rejected and
+    assignments validated. A bad assignment (`config.memory.max_memory_fraction = 2`)
+    raises ConfigurationError naming the field path (`memory.max_memory_fraction`) and
+    leaves the value unchanged. Exported as `torchbridge.ConfigSection`.
 
-    A bad assignment (`config.memory.max_memory_fraction = 2`) raises ConfigurationError
-    and leaves the value unchanged. Construction errors are converted by TorchBridgeConfig,
-    the root: sections must not override __init__, because pydantic calls an overridden
-    __init__ for nested models too and the error's field path would be lost.
+    Sections must not override __init__: pydantic calls an overridden __init__ for nested
+    models too, and the error's field path would be lost. A section built on plain
+    `pydantic.BaseModel` is given the same rules by the core (see `strict_section`).
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    _path: str = PrivateAttr(default="")
 
     def __setattr__(self, name: str, value: Any) -> None:
         try:
             super().__setattr__(name, value)
         except ValidationError as exc:
-            _raise_configuration_error(exc, (type(self).__name__,),
-                                       {(type(self).__name__, name): "assignment"})
+            prefix = tuple(self._path.split(".")) if self._path else (type(self).__name__,)
+            _raise_configuration_error(exc, prefix, {(*prefix, name): "assignment"})
+
+    def _bind_paths(self, path: str) -> None:
+        """Tell this model and the sections inside it where they sit in the root config."""
+        self._path = path
+        for name in type(self).model_fields:
+            child = getattr(self, name, None)
+            if isinstance(child, ConfigSection):
+                child._bind_paths(f"{path}.{name}" if path else name)
 
 
-class KernelConfig(ConfigModel):
+ConfigModel = ConfigSection  # the name plugins written before ConfigSection import
+
+
+def strict_section(model: type[BaseModel]) -> type[ConfigSection]:
+    """`model` with ConfigSection's rules. A plain BaseModel section would silently drop a
+    misspelt key; this subclass forbids unknown keys (unless the model chose `extra`
+    itself) and validates assignments. It is still an instance of the plugin's class."""
+    if issubclass(model, ConfigSection):
+        return model
+    settings = dict(model.model_config)
+    settings.setdefault("extra", "forbid")
+    settings["validate_assignment"] = True
+    return type(model.__name__, (model, ConfigSection), {
+        "model_config": ConfigDict(**settings),  # type: ignore[typeddict-item]
+        "__module__": model.__module__, "__qualname__": model.__qualname__,
+        "__doc__": model.__doc__})
+
+
+class KernelConfig(ConfigSection):
     enabled: bool = True
     disabled_ops: list[str] = Field(default_factory=list,
                                     description="ops that always use the reference kernel")
 
 
-class MemoryConfig(ConfigModel):
+class MemoryConfig(ConfigSection):
     max_memory_fraction: float | None = Field(
         default=None, gt=0.0, le=1.0,
         description="cap this process's share of device memory (None: no cap)")
@@ -97,59 +133,92 @@ class MemoryConfig(ConfigModel):
     oom_safety_margin: float = Field(default=1.1, ge=1.0, le=10.0)
 
 
-class OptimizationConfig(ConfigModel):
+class OptimizationConfig(ConfigSection):
     disabled_passes: list[str] = Field(default_factory=list,
                                        description="pass names prepare_model must skip")
 
 
-class CPUConfig(ConfigModel):
-    """`config.hardware.cpu`, the built-in CPU backend's section."""
-
-    num_threads: int | None = Field(default=None, ge=1,
-                                    description="torch intra-op threads (None: torch's default)")
-    allow_bf16: bool = Field(default=True,
-                             description="use bf16 autocast at O2+ when the CPU has native bf16")
-
-
-class HardwareConfig(ConfigModel):
+class HardwareConfig(ConfigSection):
     """Holds one section per installed plugin; the concrete class is built at load time."""
 
 
-_hardware_model: type[HardwareConfig] | None = None
-_hardware_errors: list[str] = []
-_hardware_lock = threading.Lock()
+@dataclass(frozen=True)
+class HardwareSections:
+    """The HardwareConfig class built for one plugin set, and which plugin owns each
+    section."""
+
+    model: type[HardwareConfig]
+    owners: dict[str, str]
 
 
-def forget_hardware_model() -> None:
-    global _hardware_model
-    with _hardware_lock:
-        _hardware_model = None
+_sections: tuple[object, int, HardwareSections] | None = None  # (host, generation, sections)
+_sections_lock = threading.Lock()
+
+
+def _section_problem(name: object, model: object, taken: dict[str, str]) -> str | None:
+    if not (isinstance(name, str) and name.isidentifier()):
+        return f"section name must be an identifier, got {name!r}"
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return f"section hardware.{name} must be a pydantic model class, got {model!r}"
+    if name in taken:
+        return f"section hardware.{name} is already provided by plugin {taken[name]}"
+    return None
+
+
+def hardware_sections() -> HardwareSections:
+    """The plugin sections of the current plugin set, built once per set. A section that
+    is malformed or cannot be built from its defaults is left out, and its plugin is
+    reported with an error naming `hardware.<name>`."""
+    global _sections
+    host = get_plugin_host()
+    cached = _sections
+    if cached is not None and cached[0] is host and cached[1] == host.generation:
+        return cached[2]
+    with exclusive_step("building config sections"), _sections_lock:
+        cached = _sections  # another thread may have built them while this one waited
+        if cached is not None and cached[0] is host and cached[1] == host.generation:
+            return cached[2]
+        results = list(host.call_each("torchbridge_config_section"))
+        # Built-in sections are claimed first: a plugin cannot replace hardware.cpu.
+        results.sort(key=lambda item: host.records[item[0]].group != "builtin"
+                     if item[0] in host.records else True)
+        fields: dict[str, Any] = {}
+        owners: dict[str, str] = {}
+        for plugin, result in results:
+            try:
+                name, model = result
+            except (TypeError, ValueError):
+                host.record_hook_error(plugin, "torchbridge_config_section",
+                                       f"expected (name, pydantic model class), got {result!r}")
+                continue
+            problem = _section_problem(name, model, owners)
+            if problem is None:
+                model = strict_section(model)
+                try:
+                    model()
+                except BaseException as exc:
+                    if isinstance(exc, KeyboardInterrupt):
+                        raise
+                    problem = (f"section hardware.{name} cannot be built from its defaults "
+                               f"(every field needs one): {_one_line(exc)}")
+            if problem is not None:
+                host.record_hook_error(plugin, "torchbridge_config_section", problem)
+                continue
+            fields[name] = (model, Field(default_factory=model))
+            owners[name] = plugin
+        sections = HardwareSections(
+            create_model("HardwareConfig", __base__=HardwareConfig, **fields), owners)
+        _sections = (host, host.generation, sections)
+        return sections
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def hardware_model() -> type[HardwareConfig]:
-    """The HardwareConfig subclass with a field per plugin section (built once per plugin set)."""
-    global _hardware_model
-    if _hardware_model is not None:
-        return _hardware_model
-    from torchbridge.plugins import get_plugin_host
-
-    host = get_plugin_host()
-    with _hardware_lock:
-        fields: dict[str, Any] = {}
-        for plugin, result in host.call_isolated("torchbridge_config_section"):
-            try:
-                name, model = result
-                if not (isinstance(name, str) and name.isidentifier()):
-                    raise TypeError(f"section name must be an identifier, got {name!r}")
-                if not (isinstance(model, type) and issubclass(model, BaseModel)):
-                    raise TypeError(f"section {name!r} must be a pydantic model class")
-                if name in fields:
-                    raise ValueError(f"section {name!r} is already provided by another plugin")
-                fields[name] = (model, Field(default_factory=model))
-            except Exception as exc:
-                host.record_hook_error(plugin, "torchbridge_config_section", exc)
-        _hardware_model = create_model("HardwareConfig", __base__=HardwareConfig, **fields)
-        return _hardware_model
+    """The HardwareConfig subclass with a field per plugin section."""
+    return hardware_sections().model
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -224,7 +293,41 @@ def _nest(flat: dict[tuple[str, ...], tuple[Any, str]]) -> dict[str, Any]:
     return nested
 
 
-class TorchBridgeConfig(ConfigModel):
+def _validate_hardware(values: dict[str, Any], sources: dict[tuple[str, ...], str]
+                       ) -> HardwareConfig:
+    """Each plugin section on its own, so an error names `hardware.<name>` and the plugin
+    that owns it, whatever the plugin's validators raise."""
+    sections = hardware_sections()
+    fields = sections.model.model_fields
+    validated: dict[str, Any] = {}
+    for name, value in values.items():
+        if name not in fields:
+            known = ", ".join(fields) or "none"
+            source = _source_of(("hardware", name), sources)
+            raise ConfigurationError(
+                f"invalid TorchBridge configuration: hardware.{name} (from {source}): no "
+                f"installed plugin provides this section (sections: {known})",
+                field=f"hardware.{name}", value=value, source=source)
+        model = fields[name].annotation
+        assert isinstance(model, type)
+        owner = f" (section of plugin {sections.owners[name]})"
+        try:
+            validated[name] = model.model_validate(value)
+        except ValidationError as exc:
+            try:
+                _raise_configuration_error(exc, ("hardware", name), sources)
+            except ConfigurationError as error:
+                raise ConfigurationError(str(error) + owner, field=error.field,
+                                         value=error.value, source=error.source) from None
+        except Exception as exc:  # a plugin's validator raising something else
+            raise ConfigurationError(
+                f"invalid TorchBridge configuration: hardware.{name}{owner}: its validator "
+                f"raised {_one_line(exc)}", field=f"hardware.{name}", value=value,
+                source=_source_of(("hardware", name), sources)) from None
+    return sections.model(**validated)
+
+
+class TorchBridgeConfig(ConfigSection):
     """The root config. `TorchBridgeConfig(...)` takes only its arguments;
     `TorchBridgeConfig.load(...)` and the presets read every source."""
 
@@ -234,7 +337,9 @@ class TorchBridgeConfig(ConfigModel):
         description="low-precision dtype at O2+; auto: the device's preferred one")
     backend: str | None = Field(default=None, description="force a backend by name")
     strict: bool = Field(default=False, description="a failing optimization pass raises")
-    logging_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "WARNING"
+    logging_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] | None = Field(
+        default=None, description="level of the 'torchbridge' logger, set when a backend is "
+        "created (None: leave the logger as the application set it)")
     kernel: KernelConfig = Field(default_factory=KernelConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     optimization: OptimizationConfig = Field(default_factory=OptimizationConfig)
@@ -254,16 +359,14 @@ class TorchBridgeConfig(ConfigModel):
             (key,): "keyword arguments" for key in data}
         hardware = data.pop("hardware", None)
         if isinstance(hardware, dict):
-            try:  # model_validate, unlike __init__, keeps pydantic's nested error paths
-                data["hardware"] = hardware_model().model_validate(hardware)
-            except ValidationError as exc:
-                _raise_configuration_error(exc, ("hardware",), sources)
+            data["hardware"] = _validate_hardware(hardware, sources)
         elif hardware is not None:
             data["hardware"] = hardware
         try:
             BaseModel.__init__(self, **data)
         except ValidationError as exc:
             _raise_configuration_error(exc, (), sources)
+        self._bind_paths("")
         self._sources = {".".join(path): source for path, source in sources.items()}
 
     @field_validator("optimization_level", mode="before")

@@ -1,19 +1,44 @@
 """The plugin contract. Every plugin author reads this module top to bottom.
 
-A plugin is any object or module with functions named after these hooks and decorated with
-`torchbridge.hookimpl`. Vendor backends register through the entry-point group
-`torchbridge.backends`, anything else (a kernel override, an extra pass) through
-`torchbridge.plugins`. The built-in CPU plugin and the core's generic accelerator plugin are
-registered `trylast`, so any third-party implementation of the same hook runs before them;
-mark yours `tryfirst=True` to run before the vendor plugins too.
+A plugin is a module (or object) with functions named after these hooks and decorated with
+`torchbridge.hookimpl`. Register it through an entry point: `torchbridge.backends` for a
+plugin that provides a backend, `torchbridge.plugins` for anything else (a kernel override,
+an extra pass). A function named `torchbridge_*` without `@hookimpl`, or a decorated one
+whose name matches no hook below, is never called; doctor shows it as a warning.
 
-Conventions:
-- `backend_name` is the backend's short name: "cuda", "rocm", "xpu", "tpu", "cpu", or a
-  third party's own. A hook that is not about your backend returns None.
-- firstresult hooks: the first non-None result wins and the rest are not called.
-- Device-level hooks receive a concrete `torch.device` (index set).
-- Hooks must be cheap and side-effect free unless the text says otherwise: discovery creates
-  no device context and imports no vendor SDK unless the hardware is indicated.
+Who answers what:
+- The plugin whose `torchbridge_detect` reported a backend owns it: the device-level hooks
+  (device_info, memory_stats, empty_cache, reset_peak_memory_stats, synchronize,
+  distributed_backend) are asked of the owner only. Another plugin may override one with
+  `@hookimpl(tryfirst=True)`; doctor lists such overrides. When the owner returns None the
+  core's fallbacks answer, but only those the Detection opted into
+  (`Detection(fallbacks=("generic",))` for any torch accelerator, `("cpu",)` for a backend
+  whose device type is "cpu", `()` for none); `backend.answered_by`, `DeviceInfo.notes` and
+  `MemoryStats.notes` say when a fallback answered.
+- Contributions (config sections, passes, kernels, backend_created) are collected from
+  every plugin. The built-in plugins (`cpu`, `generic`) are registered trylast, so any
+  third-party implementation runs before them; `tryfirst=True` runs before vendor plugins.
+
+Arguments: pluggy passes an implementation only the arguments it names, so name just what
+you use. `backend` is the `torchbridge.Backend` being served: `backend.config` is the
+config it was created with (`get_backend("x", config=cfg)`), `backend.hardware_config` your
+own section of it. Never load the config yourself inside a hook.
+Device-level hooks receive a concrete `torch.device` with its index, also for cpu-hosted
+backends (`cpu:1` for the second device).
+
+Isolation: a hook that raises (anything but KeyboardInterrupt, SystemExit included) or
+returns the wrong type is recorded as your plugin's error, shown by doctor, and skipped;
+the host goes on with the next answer. Calling back into torchbridge from a hook is
+allowed, except into the step that is calling you (discovery from `torchbridge_detect`, a
+config load from `torchbridge_config_section`, plugin loading from your module's import):
+that is a PluginError, not a deadlock.
+
+Config sections subclass `torchbridge.ConfigSection` (pydantic: unknown keys rejected,
+assignments validated, errors as ConfigurationError with the field path
+`hardware.<name>.<field>`). A plain `pydantic.BaseModel` section is given the same rules.
+
+Hooks must be cheap and side-effect free unless the text says otherwise: discovery creates
+no device context and imports no vendor SDK unless the hardware is indicated.
 """
 
 from __future__ import annotations
@@ -39,13 +64,16 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def torchbridge_config_section() -> tuple[str, type[BaseModel]] | None:
-    """Contribute a config section: return (section_name, pydantic model class).
+    """Contribute a config section: return (section_name, model class).
 
-    Called once per config load, before any value is read. The section appears as
-    `config.hardware.<section_name>`, is filled from every config source like the rest, and
-    must have a default for every field. Import your pydantic model inside this hook, not at
-    plugin import, so that `import torchbridge` stays cheap. None: no section. All results
-    are collected; a plugin that raises here is reported and its section left out.
+    Called once per plugin set, before any config value is read. The section appears as
+    `config.hardware.<section_name>` and `backend.hardware_config` of your backends, and is
+    filled from every config source like the rest. Subclass `torchbridge.ConfigSection`;
+    every field needs a default. Import your model inside this hook, not at plugin import,
+    so that `import torchbridge` stays cheap (pydantic costs about 150 ms). None: no
+    section. A section that is malformed, named like another plugin's (or `cpu`, the
+    built-in's), or that cannot be built from its defaults is left out, and your plugin is
+    listed with the error.
     """
 
 
@@ -53,50 +81,78 @@ def torchbridge_config_section() -> tuple[str, type[BaseModel]] | None:
 def torchbridge_detect() -> Detection | list[Detection] | None:
     """Say which of your backends are present: one Detection per backend you provide.
 
-    Called on every discovery (`list_backends`, `get_backend`, `detect_best_backend`); must
-    be cheap and create no device context. Report an unavailable backend too, with the
-    reason, so users learn why. All results are collected; each implementation is called on
-    its own so that one raising is reported and skipped without hiding the others. When two
-    plugins report the same backend name the one called first (tryfirst) wins. Wrappers are
-    not supported on this hook. None: nothing to report.
+    Called once per process, on first discovery (`list_backends`, `get_backend`,
+    `detect_best_backend`; `list_backends(rescan=True)` calls it again); timed and shown by
+    doctor. Must be cheap and create no device context. Report an unavailable backend too,
+    with the reason, so users learn why. Each Detection is checked: name (lower case),
+    available (bool), priority and device_count (int, at least 1 when available),
+    device_type (a torch device type, or one declared with
+    `torchbridge.devices.declare_device_type`), no more devices than torch sees, fallbacks.
+    A malformed one is your plugin's error and that backend is not offered; `cpu` is built
+    in and cannot be reported by a plugin. When two plugins report the same backend the
+    one called first (tryfirst) wins. Wrappers are not supported. None: nothing to report.
     """
 
 
 @hookspec(firstresult=True)
-def torchbridge_device_info(backend_name: str, device: torch.device) -> DeviceInfo | None:
-    """Describe `device` of backend `backend_name` (firstresult).
+def torchbridge_device_info(backend_name: str, device: torch.device, backend: Backend
+                            ) -> DeviceInfo | None:
+    """Describe `device` of your backend (owner's answer, see the module text).
 
-    Called by `Backend.get_device_info(index)`. The core answers for any torch accelerator
-    from `torch.get_device_module(device.type).get_device_properties`; a vendor plugin adds
-    its architecture table and precision policy by answering first. None: not yours.
+    Called by `Backend.get_device_info(index)`. Set `DeviceInfo.device` to `str(device)`.
+    The "generic" fallback answers for any torch accelerator from
+    `torch.get_device_module(device.type).get_device_properties`. None: not yours.
     """
 
 
 @hookspec(firstresult=True)
-def torchbridge_memory_stats(backend_name: str, device: torch.device) -> MemoryStats | None:
-    """Memory of `device` in bytes (firstresult).
+def torchbridge_memory_stats(backend_name: str, device: torch.device, backend: Backend
+                             ) -> MemoryStats | None:
+    """Memory of `device` in bytes (owner's answer).
 
-    The core answers for any torch accelerator through the device module's allocator
-    counters and `mem_get_info`. A figure you cannot know is None, never 0, with `notes`
-    saying why. None: not yours.
+    A figure you cannot know is None, never 0, with `notes` saying why. The "generic"
+    fallback answers for any torch accelerator through the device module's allocator
+    counters and `mem_get_info`. None: not yours.
     """
 
 
 @hookspec(firstresult=True)
-def torchbridge_empty_cache(backend_name: str, device: torch.device) -> bool | None:
-    """Release cached, unused memory of `device` (firstresult). True: done. None: not yours."""
+def torchbridge_empty_cache(backend_name: str, device: torch.device, backend: Backend
+                            ) -> bool | None:
+    """Release cached, unused memory of `device` (owner's answer). True: done. None: not
+    yours."""
 
 
 @hookspec(firstresult=True)
-def torchbridge_reset_peak_memory_stats(backend_name: str, device: torch.device) -> bool | None:
-    """Reset the peak-allocated counter of `device` (firstresult). True: done. None: not yours."""
+def torchbridge_reset_peak_memory_stats(backend_name: str, device: torch.device,
+                                        backend: Backend) -> bool | None:
+    """Reset the peak-allocated counter of `device` (owner's answer). True: done. None: not
+    yours."""
 
 
 @hookspec(firstresult=True)
-def torchbridge_synchronize(backend_name: str, device: torch.device) -> bool | None:
-    """Block until all queued work on `device` is finished (firstresult).
+def torchbridge_synchronize(backend_name: str, device: torch.device, backend: Backend
+                            ) -> bool | None:
+    """Block until all queued work on `device` is finished (owner's answer).
 
-    True: done. None: not yours. The core handles every torch accelerator.
+    True: done. None: not yours. The "generic" fallback handles every torch accelerator.
+    """
+
+
+@hookspec(firstresult=True)
+def torchbridge_distributed_backend(backend_name: str, device: torch.device, backend: Backend
+                                    ) -> str | None:
+    """The torch.distributed backend for `device`, e.g. "nccl", "gloo", "xccl" (owner's
+    answer; the "generic" fallback answers from torch's own table). None: not yours."""
+
+
+@hookspec
+def torchbridge_backend_created(backend: Backend) -> None:
+    """A Backend was just created (collected from every plugin; the result is ignored).
+
+    Apply the process-wide settings your config section asks for and nothing else: the
+    built-in cpu plugin sets torch's thread count here when `hardware.cpu.num_threads` is
+    set. Creating a backend from here is a PluginError. None: always.
     """
 
 
@@ -106,28 +162,23 @@ def torchbridge_optimization_passes(
 ) -> list[OptimizationPass] | None:
     """Contribute optimization passes for `backend` at `level` (all results collected).
 
-    Called by `Backend.prepare_model` / `Backend.optimize`. Return every pass you offer for
-    this backend whatever the level; each pass's `min_level` and precondition decide whether
-    it runs, and the report says why it did not. A pass with the same name as one returned
-    by a plugin called later replaces it: that is how a tryfirst plugin overrides a built-in
-    pass. To veto a pass, return `OptimizationPass.veto(name, reason)`: a veto from any
-    plugin wins, whatever the order. None: nothing.
+    Called by `Backend.prepare_model` / `Backend.optimize`. Return a list of every pass you
+    offer for this backend whatever the level; each pass's `min_level` and check decide
+    whether it runs, and the report says why it did not. A pass with the same name as one
+    returned by a plugin called later replaces it: that is how a tryfirst plugin overrides
+    a built-in pass. To veto a pass, return `OptimizationPass.veto(name, reason)`: a veto
+    from any plugin wins, whatever the order; a veto naming no pass is reported. Anything
+    in the list that is not a well-formed OptimizationPass is reported as your plugin's
+    error and left out; the pipeline goes on. None: nothing.
     """
 
 
 @hookspec(firstresult=True)
-def torchbridge_kernel(op: str, backend_name: str) -> Callable[..., Any] | None:
-    """The implementation of op `op` on backend `backend_name` (firstresult).
+def torchbridge_kernel(op: str, backend_name: str, backend: Backend) -> Callable[..., Any] | None:
+    """The implementation of op `op` on `backend` (first answer wins, every plugin asked).
 
     Called by `get_kernel(op, backend)`. The core ships a reference implementation of each
     op it names (torchbridge.kernels.OPS); a `tryfirst=True` implementation overrides it.
-    The returned callable must take the same arguments as the reference. None: not yours.
-    """
-
-
-@hookspec(firstresult=True)
-def torchbridge_distributed_backend(backend_name: str, device: torch.device) -> str | None:
-    """The torch.distributed backend for `device`, e.g. "nccl", "gloo", "xccl" (firstresult).
-
-    None: not yours.
+    The returned callable must take the same arguments as the reference; an answer that is
+    not callable is reported and skipped. None: not yours.
     """

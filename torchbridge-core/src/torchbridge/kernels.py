@@ -1,7 +1,8 @@
 """The kernel registry: named ops, a reference implementation of each, plugin overrides.
 
-`get_kernel(op, backend)` asks the `torchbridge_kernel` hook; the core answers last with the
-reference below, so any plugin's implementation (tryfirst to beat a vendor plugin) wins.
+`torchbridge.get_kernel(op, backend)` asks the `torchbridge_kernel` hook; the core answers
+last with the reference below, so any plugin's implementation (tryfirst to beat a vendor
+plugin) wins.
 `config.kernel.enabled = False` or listing the op in `config.kernel.disabled_ops` forces the
 reference, which is how to rule a custom kernel out when hunting a numerical problem.
 """
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from torchbridge.errors import KernelError
+from torchbridge.plugins import get_plugin_host
 
 if TYPE_CHECKING:
     from torchbridge.backend import Backend
@@ -50,19 +52,22 @@ REFERENCE_KERNELS: dict[str, Callable[..., Any]] = {
 OPS = tuple(REFERENCE_KERNELS)
 
 
-def get_kernel(op: str, backend: Backend | str | None = None) -> Callable[..., Any]:
-    """The implementation of `op` for `backend` (default: the selected backend)."""
-    from torchbridge.backend import Backend
-    from torchbridge.plugins import get_plugin_host
-    from torchbridge.selection import get_backend
+def kernel_problem(kernel: object) -> str | None:
+    return None if callable(kernel) else f"returned {kernel!r}, which is not callable"
 
+
+def resolve_kernel(op: str, backend: Backend) -> Callable[..., Any]:
+    """The implementation of `op` on `backend`: the first plugin answer (tryfirst plugins
+    before vendor plugins before the core's reference), or the reference when config turns
+    custom kernels off. A plugin that raises or answers with something not callable is
+    reported and skipped."""
     if op not in REFERENCE_KERNELS:
         raise KernelError(f"unknown op {op!r}; known ops: {', '.join(OPS)}")
-    resolved = backend if isinstance(backend, Backend) else get_backend(backend)
-    kernel_config = resolved.config.kernel
+    kernel_config = backend.config.kernel
     if not kernel_config.enabled or op in kernel_config.disabled_ops:
         return REFERENCE_KERNELS[op]
-    kernel = get_plugin_host().hook.torchbridge_kernel(op=op, backend_name=resolved.name)
-    if kernel is None or not callable(kernel):
-        raise KernelError(f"no callable kernel for {op!r} on backend {resolved.name!r}")
-    return kernel  # type: ignore[no-any-return]
+    host = get_plugin_host()
+    for _, kernel in host.call_each("torchbridge_kernel", check=kernel_problem, op=op,
+                                    backend_name=backend.name, backend=backend):
+        return kernel  # type: ignore[no-any-return]
+    return REFERENCE_KERNELS[op]

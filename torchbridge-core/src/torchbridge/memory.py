@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchbridge.devices import device_module
 from torchbridge.errors import ConfigurationError, OutOfMemoryError
 
 if TYPE_CHECKING:
@@ -40,8 +41,6 @@ def apply_memory_fraction(backend: Backend) -> float | None:
     fraction = memory_setting(backend, "max_memory_fraction")
     if fraction is None:
         return None
-    from torchbridge.generic import device_module
-
     module = device_module(backend.device)
     setter = getattr(module, "set_per_process_memory_fraction", None)
     if setter is None:
@@ -94,12 +93,8 @@ class MemoryManager:
 
     oom_error: type[OutOfMemoryError] = OutOfMemoryError
 
-    def __init__(self, backend: Backend | None = None, *, pool_max_tensors: int = 64,
+    def __init__(self, backend: Backend, *, pool_max_tensors: int = 64,
                  pool_max_bytes: int | None = None) -> None:
-        if backend is None:
-            from torchbridge.selection import get_backend
-
-            backend = get_backend()
         if pool_max_tensors < 0 or (pool_max_bytes is not None and pool_max_bytes < 0):
             raise ConfigurationError("pool limits must be >= 0, got "
                                      f"pool_max_tensors={pool_max_tensors}, "

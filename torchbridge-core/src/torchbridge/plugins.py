@@ -1,44 +1,71 @@
-"""Loading plugins and calling hooks through one typed relay.
+"""The plugin host: loading plugins and calling their hooks, each call isolated.
 
-Loading happens once per process, lazily, under a lock. A plugin that fails to import, or
-raises in an isolated hook (detection, config sections), is logged, recorded with its error
-for `torchbridge doctor`, and skipped: the host keeps working.
+Loading happens once per process, lazily. The built-in plugins (cpu, generic) are loaded the
+way entry points are, by module path, so nothing in the core imports them. A plugin that
+fails to import, or raises anything but KeyboardInterrupt in a hook (SystemExit included),
+is logged, recorded with its error for `torchbridge doctor`, and skipped: the host keeps
+working. A plugin that calls back into torchbridge while the host is loading it, or while the
+same step is running (discovery, config sections), gets a PluginError instead of a deadlock
+or an endless recursion.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 import pluggy
 
 from torchbridge import hookspecs
+from torchbridge.errors import PluginError
 
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUPS = ("torchbridge.backends", "torchbridge.plugins")
 ALLOW_ENV = "TORCHBRIDGE_PLUGINS"
 BLOCK_ENV = "TORCHBRIDGE_DISABLE_PLUGINS"
+# Loaded first, always (allow/block lists do not apply), in this order: pluggy calls trylast
+# implementations in registration order, so generic, the last resort, comes after cpu.
+MAX_ERRORS = 20  # distinct errors kept per plugin: a plugin failing in a loop stays readable
+BUILTIN_PLUGINS = {"cpu": "torchbridge.builtin.cpu.plugin",
+                   "generic": "torchbridge.builtin.generic"}
 
 
 @dataclass
 class PluginRecord:
-    """One plugin as doctor shows it. status: loaded, failed, disabled or builtin."""
+    """One plugin as doctor shows it. status: builtin, loaded, failed, disabled or error
+    (loaded, then raised or misbehaved in a hook). `name` is the name it is registered
+    under: the entry point's name, or `name[distribution]` when two distributions use it."""
 
     name: str
     group: str
     status: str
     distribution: str | None = None
     version: str | None = None
-    error: str | None = None
+    error: str | None = None  # the first error; `errors` has every distinct one
+    module: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    detect_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "warnings": list(self.warnings), "errors": list(self.errors)}
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            logger.warning("plugin %s: %s", self.name, message)
+            self.warnings.append(message)
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _env_names(var: str) -> set[str] | None:
@@ -48,78 +75,168 @@ def _env_names(var: str) -> set[str] | None:
     return {part.strip() for part in raw.split(",") if part.strip()}
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+_local = threading.local()
+
+
+@contextmanager
+def exclusive_step(step: str) -> Iterator[None]:
+    """Mark `step` ("loading plugins", "discovering backends", ...) as running on this
+    thread. A plugin hook that re-enters the same step gets a PluginError naming it."""
+    active: set[str] = getattr(_local, "steps", set())
+    if step in active:
+        raise PluginError(f"a plugin called back into torchbridge while {step}; that step "
+                          "cannot run inside itself (call torchbridge from your hooks, "
+                          "not while they are being collected)")
+    _local.steps = active | {step}
+    try:
+        yield
+    finally:
+        _local.steps = active
+
+
+def _is_fatal(exc: BaseException) -> bool:
+    """What a plugin may not swallow for the user: Ctrl-C."""
+    return isinstance(exc, KeyboardInterrupt)
 
 
 class PluginHost:
-    """The pluggy PluginManager plus what happened while loading each plugin."""
+    """The pluggy PluginManager plus what happened while loading and calling each plugin."""
 
     def __init__(self) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.records: dict[str, PluginRecord] = {}
+        self.generation = 0  # bumped on every (un)registration: caches key on it
         self._load()
 
+    # -- loading ------------------------------------------------------------------------
     def _load(self) -> None:
-        from torchbridge import cpu, generic
-
-        # pluggy calls trylast implementations in registration order, so generic, the last
-        # resort for every accelerator, is registered after the CPU plugin.
-        for name, module in (("cpu", cpu), ("generic", generic)):
-            self.pm.register(module, name=name)
-            self.records[name] = PluginRecord(name, "builtin", "builtin", "torchbridge-core")
+        for name, module in BUILTIN_PLUGINS.items():
+            # A built-in that cannot load is a broken installation, not a plugin to skip.
+            self._register(importlib.import_module(module), name)
+            self.records[name] = PluginRecord(name, "builtin", "builtin", "torchbridge-core",
+                                              module=module)
         allow, block = _env_names(ALLOW_ENV), _env_names(BLOCK_ENV) or set()
-        for group in ENTRY_POINT_GROUPS:
-            for ep in metadata.entry_points(group=group):
-                self._load_entry_point(ep, group, allow, block)
+        entries = [(group, ep) for group in ENTRY_POINT_GROUPS
+                   for ep in metadata.entry_points(group=group)]
+        dists_by_name: dict[str, set[str | None]] = {}
+        for _, ep in entries:
+            dists_by_name.setdefault(ep.name, set()).add(_distribution(ep)[0])
+        for group, ep in entries:
+            clashing = sorted(str(d) for d in dists_by_name[ep.name] if d != _distribution(ep)[0])
+            self._load_entry_point(ep, group, allow, block, clashing)
 
-    def _load_entry_point(self, ep: metadata.EntryPoint, group: str,
-                          allow: set[str] | None, block: set[str]) -> None:
-        dist = getattr(ep, "dist", None)
-        record = PluginRecord(ep.name, group, "loaded",
-                              dist.metadata["Name"] if dist else None,
-                              dist.version if dist else None)
-        if ep.name in self.records:
-            record.status, record.error = "failed", f"duplicate plugin name {ep.name!r}"
+    def _load_entry_point(self, ep: metadata.EntryPoint, group: str, allow: set[str] | None,
+                          block: set[str], clashing: list[str]) -> None:
+        dist, version = _distribution(ep)
+        name = f"{ep.name}[{dist}]" if clashing else ep.name
+        record = PluginRecord(name, group, "loaded", dist, version, module=ep.value)
+        if clashing:
+            record.warn(f"entry point name {ep.name!r} is also used by "
+                        f"{', '.join(clashing)}; registered as {name!r}")
+        if name in self.records:
+            record.status = "failed"
+            record.error = (f"{name!r} is taken by the built-in plugin" if name in
+                            BUILTIN_PLUGINS else f"entry point {name!r} is declared twice")
         elif ep.name in block or (allow is not None and ep.name not in allow):
             record.status = "disabled"
             record.error = f"disabled by {BLOCK_ENV if ep.name in block else ALLOW_ENV}"
         else:
             try:
-                self.pm.register(ep.load(), name=ep.name)
-            except Exception as exc:  # a broken plugin must not break the host
-                logger.warning("plugin %s (%s) failed to load: %s", ep.name, ep.value,
-                               _describe(exc))
-                record.status, record.error = "failed", _describe(exc)
-        self.records[ep.name] = record
+                self._register(ep.load(), name)
+            except BaseException as exc:  # a broken plugin must not break the host
+                if _is_fatal(exc):
+                    raise
+                logger.warning("plugin %s (%s) failed to load: %s", name, ep.value,
+                               describe(exc))
+                record.status, record.error = "failed", f"at import: {describe(exc)}"
+                record.errors.append(record.error)
+        self.records[name] = record
 
-    def record_hook_error(self, plugin_name: str, hook_name: str, exc: BaseException) -> None:
-        error = f"in {hook_name}: {_describe(exc)}"
+    def _register(self, plugin: object, name: str) -> None:
+        self.pm.register(plugin, name=name)
+        self.generation += 1
+
+    def check_plugin(self, name: str) -> None:
+        """Warn about hook implementations that match no hookspec (a typo, as pluggy's
+        check_pending finds) and `torchbridge_*` functions without `@hookimpl`."""
+        plugin = self.pm.get_plugin(name)
+        record = self.records.get(name)
+        if plugin is None or record is None:
+            return
+        for caller in self.pm.get_hookcallers(plugin) or []:
+            if caller.spec is None:
+                record.warn(f"implements {caller.name}, which is no torchbridge hook "
+                            "(a typo?); it is never called")
+        implemented = {impl.function.__name__ for caller in self.pm.get_hookcallers(plugin)
+                       or [] for impl in caller.get_hookimpls() if impl.plugin is plugin}
+        for attr in dir(plugin):
+            if attr.startswith("torchbridge_") and attr not in implemented and \
+                    callable(getattr(plugin, attr, None)):
+                record.warn(f"{attr} is not decorated with @torchbridge.hookimpl; "
+                            "it is never called")
+
+    # -- calling ------------------------------------------------------------------------
+    def record_hook_error(self, plugin_name: str, hook_name: str, error: BaseException | str
+                          ) -> str:
+        """Record that `plugin_name` misbehaved in `hook_name`; returns the message."""
+        text = error if isinstance(error, str) else describe(error)
+        message = f"in {hook_name}: {text}"
         record = self.records.get(plugin_name)
-        if record is None or record.error != error:  # log once, not on every discovery
-            logger.warning("plugin %s raised in %s: %s", plugin_name, hook_name, _describe(exc))
+        if record is None or message not in record.errors:  # log once, not on every call
+            logger.warning("plugin %s %s", plugin_name, message)
         if record is not None:
-            record.status, record.error = "error", error
+            if message not in record.errors and len(record.errors) < MAX_ERRORS:
+                record.errors.append(message)
+            record.error = record.error or message
+            if record.status in ("loaded", "builtin"):
+                record.status = "error"
+        return message
 
-    def call_isolated(self, hook_name: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
-        """Call every implementation on its own, in pluggy's order, skipping ones that raise.
-
-        Yields (plugin_name, result) for each non-None result.
-        """
-        hook = getattr(self.pm.hook, hook_name)
-        for impl in reversed(hook.get_hookimpls()):  # pluggy calls the last registered first
-            try:
-                result = impl.function(*(kwargs[arg] for arg in impl.argnames))
-            except Exception as exc:
-                self.record_hook_error(impl.plugin_name, hook_name, exc)
+    def implementations(self, hook_name: str) -> list[pluggy.HookImpl]:
+        """The plain implementations of a hook, in the order pluggy would call them.
+        Wrappers are reported: hooks called one implementation at a time cannot wrap."""
+        impls = []
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            if impl.hookwrapper or impl.wrapper:
+                self.record_hook_error(impl.plugin_name, hook_name,
+                                       "wrappers are not supported on this hook; ignored")
                 continue
-            if result is not None:
+            impls.append(impl)
+        return impls
+
+    def call_one(self, impl: pluggy.HookImpl, hook_name: str, kwargs: dict[str, Any],
+                 check: Callable[[Any], str | None] | None = None) -> tuple[bool, Any]:
+        """Call one implementation with the arguments it names. (True, result) on success;
+        (False, None) when it raised or `check(result)` named a problem (recorded)."""
+        try:
+            result = impl.function(*(kwargs[arg] for arg in impl.argnames))
+        except BaseException as exc:
+            if _is_fatal(exc):
+                raise
+            self.record_hook_error(impl.plugin_name, hook_name, exc)
+            return False, None
+        problem = check(result) if check is not None and result is not None else None
+        if problem is not None:
+            self.record_hook_error(impl.plugin_name, hook_name, problem)
+            return False, None
+        return True, result
+
+    def call_each(self, hook_name: str, check: Callable[[Any], str | None] | None = None,
+                  **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        """Every implementation on its own, in pluggy's order; (plugin, result) for each
+        non-None result that passes `check`. One raising is recorded and skipped."""
+        for impl in self.implementations(hook_name):
+            ok, result = self.call_one(impl, hook_name, kwargs, check)
+            if ok and result is not None:
                 yield impl.plugin_name, result
 
-    @property
-    def hook(self) -> Any:
-        return self.pm.hook
+
+def _distribution(ep: metadata.EntryPoint) -> tuple[str | None, str | None]:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return None, None
+    return dist.metadata["Name"], dist.version
 
 
 _host: PluginHost | None = None
@@ -127,35 +244,37 @@ _lock = threading.Lock()
 
 
 def get_plugin_host() -> PluginHost:
-    """The process-wide plugin host, loaded on first use."""
+    """The process-wide plugin host, loaded on first use. A plugin that calls torchbridge
+    at import gets a PluginError (its import fails and is reported), not a deadlock."""
     global _host
     if _host is None:
-        with _lock:
+        with exclusive_step("loading plugins"), _lock:
             if _host is None:
-                _host = PluginHost()
+                host = PluginHost()
+                for name in host.records:
+                    host.check_plugin(name)
+                _host = host
     return _host
 
 
 def reload_plugins() -> PluginHost:
-    """Forget loaded plugins and load again (after changing TORCHBRIDGE_PLUGINS, in tests)."""
+    """Forget loaded plugins and load again (after changing TORCHBRIDGE_PLUGINS, in tests).
+    Discovery and config sections are redone on next use."""
     global _host
     with _lock:
-        _host = PluginHost()
-    from torchbridge import config
-
-    config.forget_hardware_model()
-    return _host
+        _host = None
+    return get_plugin_host()
 
 
 def register_plugin(plugin: object, name: str | None = None) -> str:
     """Register a plugin object at run time (no entry point). Returns its name."""
     host = get_plugin_host()
     registered = host.pm.register(plugin, name=name)
-    assert registered is not None
+    if registered is None:
+        raise PluginError(f"plugin {name!r} is blocked")
+    host.generation += 1
     host.records[registered] = PluginRecord(registered, "runtime", "loaded")
-    from torchbridge import config
-
-    config.forget_hardware_model()
+    host.check_plugin(registered)
     return registered
 
 
@@ -163,9 +282,7 @@ def unregister_plugin(name: str) -> None:
     host = get_plugin_host()
     host.pm.unregister(name=name)
     host.records.pop(name, None)
-    from torchbridge import config
-
-    config.forget_hardware_model()
+    host.generation += 1
 
 
 def plugin_records() -> list[PluginRecord]:

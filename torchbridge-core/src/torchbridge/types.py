@@ -21,7 +21,16 @@ class Detection:
     """What a plugin found for one backend. Returned by the `torchbridge_detect` hook.
 
     `reason` says why the backend is unavailable; when available it may describe what
-    was found (e.g. "XLA on CPU"). Higher `priority` wins selection.
+    was found (e.g. "XLA on CPU"). Higher `priority` wins selection. `device_type` is a
+    torch device type ("cuda", "xpu", "cpu", ...) or one your plugin declared through
+    `torchbridge.devices.declare_device_type` before returning the Detection.
+
+    `fallbacks` names the core's answers this backend opts into for device-level hooks
+    its own plugin leaves unanswered: "generic" (any torch accelerator through
+    `torch.get_device_module`) and "cpu" (the host CPU's description and memory, for a
+    backend whose device type is "cpu"). `()` opts into none. `None`, the default of
+    plugins written before fallbacks existed, keeps their old behaviour (the fallback for
+    the device type answers) with a DeprecationWarning; the contract suite fails it.
     """
 
     name: str
@@ -31,6 +40,7 @@ class Detection:
     device_count: int = 0
     vendor: str | None = None
     reason: str | None = None
+    fallbacks: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,8 @@ class BackendStatus:
     reason: str | None
     plugin: str | None
     install_hint: str | None = None
+    fallbacks: tuple[str, ...] | None = None  # as the Detection declared them
+    detect_seconds: float | None = None  # the plugin's whole torchbridge_detect call
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -81,6 +93,7 @@ class DeviceInfo:
     preferred_low_precision_dtype: str | None = None
     device: str = "cpu"
     extra: dict[str, Any] = field(default_factory=dict)
+    notes: str | None = None
 
     @property
     def low_precision_dtype(self) -> torch.dtype | None:

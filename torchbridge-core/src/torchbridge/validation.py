@@ -12,8 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchbridge.backend import get_backend
 from torchbridge.levels import LEVEL_TOLERANCE, OptimizationLevel
 from torchbridge.optimize.measure import call_args, flatten_tensors, tensor_drift
+from torchbridge.selection import list_backends
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +92,6 @@ def validate(model: nn.Module, sample_input: Any, backends: list[Any] | None = N
     default tolerance is the level's (torchbridge.levels.LEVEL_TOLERANCE), at least 1e-4.
     A backend that fails to run is reported as failed with its error; the others still
     run."""
-    from torchbridge.selection import get_backend, list_backends
-
     if not isinstance(model, nn.Module):
         raise TypeError(f"validate takes an nn.Module, got {type(model).__name__}")
     parsed = OptimizationLevel.parse(level)

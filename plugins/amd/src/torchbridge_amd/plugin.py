@@ -6,6 +6,9 @@ from torchbridge import hookimpl
 from torchbridge.selection import PRIORITY
 from torchbridge.types import Detection
 
+# Memory, synchronize and the rest come from the core's generic answers for torch.cuda/xpu.
+GENERIC = ("generic",)
+
 
 @hookimpl
 def torchbridge_detect() -> Detection:
@@ -14,4 +17,5 @@ def torchbridge_detect() -> Detection:
     found = probe()
     # ROCm devices are torch "cuda" devices.
     return Detection("rocm", found.available, PRIORITY["rocm"], "cuda", found.device_count,
-                     "AMD", found.reason)
+                     "AMD", found.reason,
+                     fallbacks=GENERIC)

@@ -6,6 +6,9 @@ from torchbridge import hookimpl
 from torchbridge.selection import PRIORITY
 from torchbridge.types import Detection
 
+# Memory, synchronize and the rest come from the core's generic answers for torch.cuda/xpu.
+GENERIC = ("generic",)
+
 
 @hookimpl
 def torchbridge_detect() -> Detection:
@@ -13,4 +16,5 @@ def torchbridge_detect() -> Detection:
 
     found = probe()
     return Detection("xpu", found.available, PRIORITY["xpu"], "xpu", found.device_count,
-                     "Intel", found.reason)
+                     "Intel", found.reason,
+                     fallbacks=GENERIC)

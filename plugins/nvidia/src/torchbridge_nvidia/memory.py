@@ -15,7 +15,7 @@ class NVIDIAMemoryManager(MemoryManager):
 
     def __init__(self, backend: Any = None, config: Any = None) -> None:
         if backend is None:
-            from torchbridge.selection import get_backend
+            from torchbridge.backend import get_backend
 
             backend = get_backend("cuda", config)
         section = backend.hardware_config

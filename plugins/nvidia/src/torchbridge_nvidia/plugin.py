@@ -27,6 +27,9 @@ def torchbridge_config_section() -> tuple[str, type[BaseModel]]:
 
     return "nvidia", NVIDIAConfig
 
+# Memory, synchronize and the rest come from the core's generic answers for torch.cuda/xpu.
+GENERIC = ("generic",)
+
 
 @hookimpl
 def torchbridge_detect() -> Detection:
@@ -34,7 +37,8 @@ def torchbridge_detect() -> Detection:
 
     found = probe()
     return Detection("cuda", found.available, PRIORITY["cuda"], "cuda", found.device_count,
-                     "NVIDIA", found.reason)
+                     "NVIDIA", found.reason,
+                     fallbacks=GENERIC)
 
 
 @hookimpl

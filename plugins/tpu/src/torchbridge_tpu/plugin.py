@@ -41,22 +41,22 @@ def torchbridge_detect() -> Detection:
     if not found.indicated:
         reason = ("no TPU indicated (PJRT_DEVICE unset, no TPU_* environment variables, "
                   "no /dev/accel* device files)")
-        return Detection("tpu", False, PRIORITY["tpu"], "xla", 0, "Google", reason)
+        return Detection("tpu", False, PRIORITY["tpu"], "xla", 0, "Google", reason, ())
     if not found.torch_xla_installed:
         reason = f"{found.evidence}, but torch_xla is not installed (pip install torch-xla)"
-        return Detection("tpu", False, PRIORITY["tpu"], "xla", 0, "Google", reason)
+        return Detection("tpu", False, PRIORITY["tpu"], "xla", 0, "Google", reason, ())
     try:
         runtime = probe.xla_runtime()
     except Exception as exc:  # the runtime refused to start: say why, stay unavailable
         reason = f"{found.evidence}, but the XLA runtime did not start: " \
                  f"{type(exc).__name__}: {exc}"
-        return Detection("tpu", False, PRIORITY["tpu"], "xla", 0, "Google", reason)
+        return Detection("tpu", False, PRIORITY["tpu"], "xla", 0, "Google", reason, ())
     if runtime.device_kind == "TPU":
         return Detection("tpu", True, PRIORITY["tpu"], "xla", runtime.device_count, "Google",
-                         f"TPU through torch_xla ({found.evidence})")
+                         f"TPU through torch_xla ({found.evidence})", ())
     return Detection("tpu", True, XLA_OFF_TPU_PRIORITY, "xla", runtime.device_count, "Google",
                      f"XLA on {runtime.device_kind} ({found.evidence}): torch_xla's runtime "
-                     "and compiler without a TPU; ranked below plain cpu, select it by name")
+                     "and compiler without a TPU; ranked below plain cpu, select it by name", ())
 
 
 @hookimpl

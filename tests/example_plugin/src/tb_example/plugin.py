@@ -1,21 +1,12 @@
-"""Adds a config section, overrides a built-in kernel, adds a pass and can veto one."""
+"""Overrides a built-in kernel, adds a pass and can veto one, reading the section that the
+example backend contributes (`config.hardware.example`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torchbridge import OptimizationLevel, OptimizationPass, hookimpl
-
-if TYPE_CHECKING:
-    from pydantic import BaseModel
-
-
-@hookimpl
-def torchbridge_config_section() -> tuple[str, type[BaseModel]]:
-    from tb_example.config import ExampleConfig
-
-    return "example", ExampleConfig
 
 
 def example_rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchbridge.backend import Backend
-from torchbridge.selection import detect_best_backend, get_backend, list_backends
+from torchbridge.backend import Backend, get_backend
+from torchbridge.config import TorchBridgeConfig
+from torchbridge.selection import backend_status, detect_best_backend, list_backends
 
 
 def named_backend_class(backend_name: str, class_name: str) -> type[Backend]:
@@ -15,9 +16,6 @@ def named_backend_class(backend_name: str, class_name: str) -> type[Backend]:
 
     def __init__(self: Backend, config: Any = None, *, optimization_level: Any = None,
                  device_id: int = 0) -> None:
-        from torchbridge.config import TorchBridgeConfig
-        from torchbridge.selection import backend_status
-
         if config is None:
             config = TorchBridgeConfig.load()
         if optimization_level is not None:

@@ -5,18 +5,19 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from torchbridge.errors import ModelOptimizationError
+from torchbridge.errors import ConfigurationError, ModelOptimizationError, TorchBridgeError
 from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize.measure import call_args, compare_latency, output_drift
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 from torchbridge.optimize.report import OptimizationResult, PassRecord, attach_result
 from torchbridge.plugins import get_plugin_host
+from torchbridge.types import DeviceInfo
 
 if TYPE_CHECKING:
     from torchbridge.backend import Backend
@@ -24,26 +25,76 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def collect_passes(backend: Backend, level: OptimizationLevel
-                   ) -> list[tuple[str, OptimizationPass]]:
-    """(plugin, pass) pairs, one per pass name, in run order. A plugin called earlier
-    (tryfirst) replaces a same-named pass from one called later; a veto from any plugin
-    wins over the pass whatever the order."""
+@dataclass
+class CollectedPasses:
+    """The passes one run considers, in run order, as (plugin, pass); and what was wrong
+    with the contributions: malformed passes (left out) and vetoes naming no pass."""
+
+    passes: list[tuple[str, OptimizationPass]]
+    problems: list[str] = field(default_factory=list)
+
+
+def _pass_problem(p: object) -> str | None:
+    if not isinstance(p, OptimizationPass):
+        return f"contributed {type(p).__name__} {p!r:.60}, expected OptimizationPass"
+    if not isinstance(p.name, str) or not p.name:
+        return f"a pass name must be a non-empty string, got {p.name!r}"
+    if p.veto_reason is not None:
+        return None if isinstance(p.veto_reason, str) else \
+            f"veto of {p.name!r}: reason must be a string, got {p.veto_reason!r}"
+    try:
+        OptimizationLevel.parse(p.min_level)
+    except ConfigurationError:
+        return f"pass {p.name!r}: min_level {p.min_level!r} is not O0-O3"
+    for what in ("apply", "check"):
+        if not callable(getattr(p, what)):
+            return f"pass {p.name!r}: {what} must be callable, got {getattr(p, what)!r}"
+    if p.mode not in ("any", "inference", "training"):
+        return f"pass {p.name!r}: mode must be any, inference or training, got {p.mode!r}"
+    if not isinstance(p.order, (int, float)) or isinstance(p.order, bool):
+        return f"pass {p.name!r}: order must be a number, got {p.order!r}"
+    if not isinstance(p.mutates, bool):
+        return f"pass {p.name!r}: mutates must be True or False, got {p.mutates!r}"
+    return None
+
+
+def _list_problem(result: object) -> str | None:
+    if isinstance(result, (list, tuple)):
+        return None
+    return f"returned {type(result).__name__}, expected a list of OptimizationPass"
+
+
+def collect_passes(backend: Backend, level: OptimizationLevel) -> CollectedPasses:
+    """One pass per name, in run order. A plugin called earlier (tryfirst) replaces a
+    same-named pass from one called later; a veto from any plugin wins over the pass
+    whatever the order. Malformed contributions are their plugin's error, left out."""
     host = get_plugin_host()
     chosen: dict[str, tuple[str, OptimizationPass]] = {}
     vetoes: dict[str, tuple[str, OptimizationPass]] = {}
-    for plugin, passes in host.call_isolated("torchbridge_optimization_passes",
-                                             backend=backend, level=level):
+    problems: list[str] = []
+    for plugin, passes in host.call_each("torchbridge_optimization_passes", check=_list_problem,
+                                         backend=backend, level=level):
         for p in passes:
-            if not isinstance(p, OptimizationPass):
-                host.record_hook_error(plugin, "torchbridge_optimization_passes", TypeError(
-                    f"returned {type(p).__name__}, expected OptimizationPass"))
+            problem = _pass_problem(p)
+            if problem is not None:
+                problems.append(f"plugin {plugin}: " + host.record_hook_error(
+                    plugin, "torchbridge_optimization_passes", problem))
                 continue
+            if p.veto_reason is None:
+                p = replace(p, min_level=OptimizationLevel.parse(p.min_level))
             (vetoes if p.veto_reason is not None else chosen).setdefault(p.name, (plugin, p))
     for name, (plugin, veto) in vetoes.items():
         if name in chosen:
             chosen[name] = (plugin, replace(chosen[name][1], veto_reason=veto.veto_reason))
-    return sorted(chosen.values(), key=lambda item: (item[1].order, item[1].name))
+            continue
+        message = f"vetoes pass {name!r}, but no plugin offers a pass of that name for " \
+                  f"backend {backend.name!r} (known: {', '.join(sorted(chosen))})"
+        record = host.records.get(plugin)
+        if record is not None:
+            record.warn(message)
+        problems.append(f"plugin {plugin} {message}")
+    ordered = sorted(chosen.values(), key=lambda item: (item[1].order, item[1].name))
+    return CollectedPasses(ordered, problems)
 
 
 def _skip_reason(p: OptimizationPass, plugin: str, model: nn.Module, ctx: PassContext
@@ -58,13 +109,32 @@ def _skip_reason(p: OptimizationPass, plugin: str, model: nn.Module, ctx: PassCo
         return "model is in training mode and this pass is for inference only"
     if p.mode == "training" and not ctx.training:
         return "model is in eval mode and this pass is for training only"
-    return p.check(model, ctx)
+    reason = p.check(model, ctx)
+    if reason is not None and not isinstance(reason, str):
+        raise TypeError(f"check returned {type(reason).__name__}, expected a reason string "
+                        "or None")
+    return reason
 
 
 def _forward(model: nn.Module, args: tuple[Any, ...]) -> Any:
     with torch.no_grad():
         torch.manual_seed(0)  # same dropout masks in reference and candidate
         return model(*args)
+
+
+def _device_info(backend: Backend, result: OptimizationResult) -> DeviceInfo:
+    """The device's description for the passes. When no plugin can describe the device,
+    the run goes on knowing nothing about it: float32 only, no low-precision dtype, so
+    passes that need more skip themselves; the report says why."""
+    try:
+        return backend.get_device_info()
+    except TorchBridgeError as exc:
+        result.notes.append(f"device description unavailable ({exc}); passes ran as for an "
+                            "unknown device: float32 only")
+        return DeviceInfo(name="unknown", backend=backend.name, memory_total_gb=None,
+                          memory_available_gb=None, compute_capability=None,
+                          supported_dtypes=["float32"], device=str(backend.device),
+                          notes=str(exc))
 
 
 def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input: Any = None,
@@ -87,26 +157,39 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
         reference_out = _forward(baseline, args)
 
     work = model if inplace else copy.deepcopy(model)
-    ctx = PassContext(backend=backend, level=level, config=backend.config,
-                      device_info=backend.get_device_info(), training=model.training,
-                      sample_input=sample_input)
     result = OptimizationResult(model=work, backend=backend.name, level=level)
-    for plugin, p in collect_passes(backend, level):
-        reason = _skip_reason(p, plugin, work, ctx)
-        if reason is not None:
-            result.passes.append(PassRecord(p.name, "skipped", reason, plugin))
-            continue
-        assert p.apply is not None
-        snapshot = copy.deepcopy(work) if p.mutates else work
+    ctx = PassContext(backend=backend, level=level, config=backend.config,
+                      device_info=_device_info(backend, result), training=model.training,
+                      sample_input=sample_input)
+    collected = collect_passes(backend, level)
+    result.notes.extend(collected.problems)
+    if strict and collected.problems:
+        raise ModelOptimizationError("; ".join(collected.problems))
+    for plugin, p in collected.passes:
+        snapshot = work
         started = time.perf_counter()
         try:
+            reason = _skip_reason(p, plugin, work, ctx)
+            if reason is not None:
+                result.passes.append(PassRecord(p.name, "skipped", reason, plugin))
+                continue
+            assert p.apply is not None
+            snapshot = copy.deepcopy(work) if p.mutates else work
             work = p.apply(work, ctx)
-        except Exception as exc:
+            if not isinstance(work, nn.Module):
+                raise TypeError(f"apply returned {type(work).__name__}, expected the "
+                                "nn.Module it was given or its replacement")
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
             work = snapshot
             error = f"{type(exc).__name__}: {exc}"
-            logger.warning("pass %s failed and was rolled back: %s", p.name, error)
+            logger.warning("pass %s (plugin %s) failed and was rolled back: %s", p.name,
+                           plugin, error)
             result.passes.append(PassRecord(p.name, "failed", error, plugin))
             if strict:
+                if isinstance(exc, TorchBridgeError):
+                    raise  # already names the problem (a plugin's own error class)
                 raise ModelOptimizationError(f"pass {p.name!r} failed: {error}") from exc
             continue
         result.passes.append(PassRecord(p.name, "applied", p.description, plugin,

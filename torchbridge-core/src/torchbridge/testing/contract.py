@@ -1,21 +1,26 @@
-"""The backend contract: what every backend must honour for the facade to mean anything.
+"""The backend contract: what every backend must honour for the facade to mean anything, and
+proof that the plugin itself answers (not the core's fallbacks standing in for it).
 
-Subclass `BackendContract` in a pytest module and set `backend_name`. Each test says what a
-user relies on; none needs more than one device.
+Subclass `BackendContract` in a pytest module and set `backend_name`. Override
+`make_model` to test with your own model, and `make_unavailable` to show the path where
+your hardware is absent. Each test says what a user relies on.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import pytest
 import torch
 from torch import nn
 
 import torchbridge
-from torchbridge import DeviceError, DeviceInfo, MemoryStats, OptimizationLevel
-from torchbridge.levels import LEVEL_TOLERANCE
+from torchbridge import ConfigurationError, DeviceError, DeviceInfo, MemoryStats
+from torchbridge.backend import DEVICE_HOOKS
+from torchbridge.config import hardware_sections
+from torchbridge.levels import LEVEL_TOLERANCE, OptimizationLevel
 
 
 def small_mlp() -> nn.Module:
@@ -23,9 +28,35 @@ def small_mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).eval()
 
 
+def _args(sample: Any) -> tuple[Any, ...]:
+    return sample if isinstance(sample, tuple) else (sample,)
+
+
+def _answer(backend: torchbridge.Backend, hook: str) -> None:
+    """Call the facade method behind `hook` so that backend.answered_by records it."""
+    calls: dict[str, Callable[[], Any]] = {
+        "torchbridge_device_info": backend.get_device_info,
+        "torchbridge_memory_stats": backend.get_memory_stats,
+        "torchbridge_empty_cache": backend.empty_cache,
+        "torchbridge_reset_peak_memory_stats": backend.reset_peak_memory_stats,
+        "torchbridge_synchronize": backend.synchronize,
+        "torchbridge_distributed_backend": lambda: backend.distributed_backend}
+    calls[hook]()
+
+
 class BackendContract:
     backend_name: ClassVar[str]
     levels: ClassVar[tuple[str, ...]] = ("O0", "O1", "O2", "O3")
+
+    def make_model(self) -> tuple[nn.Module, Any]:
+        """(model in eval mode, sample input on the CPU: a tensor, or a tuple of positional
+        arguments). Override with your own; its output must be a tensor."""
+        return small_mlp(), torch.randn(8, 64)
+
+    def make_unavailable(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Patch your probe seam so that your hardware looks absent. Override it; the
+        default skips the test that needs it."""
+        pytest.skip("make_unavailable not overridden: the unavailable path is not tested")
 
     @pytest.fixture
     def backend(self) -> torchbridge.Backend:
@@ -38,6 +69,30 @@ class BackendContract:
         assert len(backend.devices) == backend.device_count
         assert isinstance(backend.device, torch.device)
         torch.zeros(1, device=backend.device)  # the device is usable
+
+    def test_fallbacks_are_declared(self, backend: torchbridge.Backend) -> None:
+        assert backend.plugin, "a backend is reported by a plugin"
+        assert backend.status.fallbacks is not None, (
+            f"plugin {backend.plugin} leans on the core's fallbacks without opting in: set "
+            "Detection(fallbacks=...) to the ones it uses, or () to answer every hook itself")
+
+    @pytest.mark.parametrize("hook", list(DEVICE_HOOKS))
+    def test_hooks_are_answered_by_the_plugin_or_a_named_fallback(
+            self, backend: torchbridge.Backend, hook: str) -> None:
+        _answer(backend, hook)
+        who = backend.answered_by.get(hook)
+        allowed = {backend.plugin} | {f"{name} (fallback)"
+                                      for name in backend.status.fallbacks or ()}
+        assert who in allowed, (f"{hook} of {backend.name} was answered by {who}; expected "
+                                f"plugin {backend.plugin} or an opted-in fallback")
+
+    def test_a_fallback_answer_says_so(self, backend: torchbridge.Backend) -> None:
+        info = backend.get_device_info()
+        if "(fallback)" in backend.answered_by["torchbridge_device_info"]:
+            assert info.notes and "fallback" in info.notes
+        stats = backend.get_memory_stats()
+        if "(fallback)" in backend.answered_by["torchbridge_memory_stats"]:
+            assert stats.notes and "fallback" in stats.notes
 
     def test_device_info(self, backend: torchbridge.Backend) -> None:
         info = backend.get_device_info()
@@ -54,9 +109,50 @@ class BackendContract:
         if info.memory_total_gb is not None and info.memory_available_gb is not None:
             assert info.memory_available_gb <= info.memory_total_gb
 
+    def test_every_device_index_reaches_the_hooks(self, backend: torchbridge.Backend) -> None:
+        for index in range(backend.device_count):
+            expected = backend.hook_device(index)
+            info = backend.get_device_info(index)
+            assert torch.device(info.device) == expected, (
+                f"get_device_info({index}) described {info.device}, expected {expected}: "
+                "set DeviceInfo.device to str(device) of the device the hook received")
+            stats = backend.get_memory_stats(index)
+            assert torch.device(stats.device) in (expected, backend.device_at(index))
+
     def test_bad_device_index_is_a_device_error(self, backend: torchbridge.Backend) -> None:
         with pytest.raises(DeviceError, match="does not exist"):
             backend.get_device_info(backend.device_count)
+
+    def test_unavailable_path_gives_a_reason(self, backend: torchbridge.Backend,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+        self.make_unavailable(monkeypatch)
+        try:
+            status = next(s for s in torchbridge.list_backends(rescan=True)
+                          if s.name == self.backend_name)
+            assert not status.available
+            assert status.reason, "an unavailable backend says why"
+            with pytest.raises(torchbridge.BackendUnavailableError, match="unavailable"):
+                torchbridge.get_backend(self.backend_name)
+        finally:
+            monkeypatch.undo()
+            torchbridge.list_backends(rescan=True)
+
+    def test_config_section_has_defaults_and_rejects_bad_values(
+            self, backend: torchbridge.Backend) -> None:
+        name = next((n for n, plugin in hardware_sections().owners.items()
+                     if plugin == backend.plugin), None)
+        if name is None:
+            pytest.skip(f"plugin {backend.plugin} contributes no config section")
+        section = backend.hardware_config
+        assert section is not None
+        type(section)()  # every field has a default
+        with pytest.raises(ConfigurationError, match=rf"hardware\.{name}\.no_such_setting"):
+            torchbridge.TorchBridgeConfig(hardware={name: {"no_such_setting": 1}})
+        typed = [f for f, info in type(section).model_fields.items()
+                 if info.annotation is not Any]
+        if typed:
+            with pytest.raises(ConfigurationError, match=rf"hardware\.{name}\.{typed[0]}"):
+                setattr(section, typed[0], object())
 
     def test_memory_stats_are_bytes_or_none(self, backend: torchbridge.Backend) -> None:
         stats = backend.get_memory_stats()
@@ -101,15 +197,16 @@ class BackendContract:
                                              level: str) -> None:
         if level not in self.levels:
             pytest.skip(f"{level} not claimed by this backend's contract run")
-        model = small_mlp()
+        model, x = self.make_model()
         original = copy.deepcopy(model.state_dict())
-        x = torch.randn(8, 64)
-        expected = model(x)
+        with torch.no_grad():
+            expected = model(*_args(x))
         result = backend.optimize(model, level, sample_input=x)
         assert result.level == OptimizationLevel(level)
         assert result.backend == backend.name
         assert torchbridge.optimization_result(result.model) is result
-        out = result.model(x.to(backend.device))
+        with torch.no_grad():
+            out = result.model(*backend.to_device(_args(x)))
         got = out.float().cpu()
         rel = ((got - expected).abs().max() / expected.abs().max()).item()
         assert rel <= LEVEL_TOLERANCE[level], f"{level}: relative drift {rel:.3g}"
@@ -122,9 +219,33 @@ class BackendContract:
         names = [p.name for p in result.passes]
         assert "device_placement" in result.optimizations_applied
         assert len(names) == len(set(names))
+        assert not result.failed, f"passes failed: {result.failed}"
+
+    def test_compiled_model_runs_inside_the_pipeline(self, backend: torchbridge.Backend) -> None:
+        """At O2 with a sample input, compilation happens inside prepare_model (where a
+        failure is rolled back), not at the user's first call."""
+        from torch._dynamo.utils import counters
+
+        config = backend.config.model_copy(deep=True)
+        config.optimization.disabled_passes = ["compile_value_check"]
+        forced = torchbridge.get_backend(backend.name, config=config)
+        model, x = self.make_model()
+        before = counters["stats"]["unique_graphs"]
+        result = forced.optimize(model, "O2", sample_input=x)
+        record = next(p for p in result.passes if p.name == "compile")
+        if record.status == "skipped":
+            pytest.skip(f"compile skipped on {backend.name}: {record.detail}")
+        assert record.status == "applied", record
+        assert counters["stats"]["unique_graphs"] > before, \
+            "the compiled model did not run inside the pipeline"
+        compiled_graphs = counters["stats"]["unique_graphs"]
+        with torch.no_grad():
+            result.model(*backend.to_device(_args(x)))
+        assert counters["stats"]["unique_graphs"] == compiled_graphs, "recompiled at first call"
 
     def test_prepare_model_returns_model_with_report(self, backend: torchbridge.Backend) -> None:
-        prepared = backend.prepare_model(small_mlp(), level="O1")
+        model, _ = self.make_model()
+        prepared = backend.prepare_model(model, level="O1")
         report = torchbridge.optimization_result(prepared)
         assert report is not None and report.backend == backend.name
         param = next(prepared.parameters())
@@ -133,4 +254,3 @@ class BackendContract:
     def test_prepare_model_rejects_non_modules(self, backend: torchbridge.Backend) -> None:
         with pytest.raises(torchbridge.ModelOptimizationError, match=r"nn\.Module"):
             backend.prepare_model(lambda x: x)  # type: ignore[arg-type]
-

@@ -1,4 +1,5 @@
-"""The core's answers for any torch accelerator (cuda, rocm, xpu, mps, ...), registered trylast.
+"""The "generic" fallback: the core's answers for any torch accelerator (cuda, rocm, xpu,
+mps, ...), for backends whose Detection opts into it. Registered trylast.
 
 Everything here goes through `torch.get_device_module(device.type)`, so a vendor plugin only
 adds what is vendor-specific (architecture names, precision policy, its own passes). A
@@ -7,12 +8,12 @@ function a device module lacks gives None, never a made-up value.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchbridge.devices import device_module
 from torchbridge.hookspecs import hookimpl
 from torchbridge.types import DeviceInfo, MemoryStats
 
@@ -21,20 +22,7 @@ if TYPE_CHECKING:
     from torchbridge.levels import OptimizationLevel
     from torchbridge.optimize.passes import OptimizationPass
 
-logger = logging.getLogger(__name__)
 _GB = 1024**3
-# Devices the core does not describe through a device module: host memory and XLA are
-# answered by their own plugins.
-_NOT_GENERIC = {"cpu", "xla", "meta"}
-
-
-def device_module(device: torch.device) -> Any | None:
-    if device.type in _NOT_GENERIC:
-        return None
-    try:
-        return torch.get_device_module(device.type)
-    except (RuntimeError, AttributeError):
-        return None
 
 
 def _call(module: Any, name: str, *args: Any) -> Any | None:
@@ -119,7 +107,7 @@ def torchbridge_distributed_backend(backend_name: str, device: torch.device) -> 
 
 @hookimpl(trylast=True)
 def torchbridge_kernel(op: str, backend_name: str) -> Callable[..., Any] | None:
-    from torchbridge.kernels import REFERENCE_KERNELS
+    from torchbridge.kernels import REFERENCE_KERNELS  # every op's reference, last in line
 
     return REFERENCE_KERNELS.get(op)
 

@@ -1,0 +1,78 @@
+"""The CPU plugin's probe seam: what the host CPU is, its feature flags and its memory."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+
+import torch
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (lower case), from torch when it can tell, else /proc/cpuinfo."""
+    get_capabilities = getattr(torch.cpu, "get_capabilities", None)  # torch >= 2.8
+    if get_capabilities is not None:
+        return frozenset(k for k, v in get_capabilities().items() if v is True)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def has_native_bf16() -> bool:
+    """bf16 arithmetic in hardware (AVX512-BF16 or AMX-BF16). Without it bf16 is emulated
+    and slower than float32, so autocast to bf16 would be a pessimization."""
+    flags = cpu_flags()
+    return bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+_VENDORS = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD", "HygonGenuine": "Hygon"}
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo_field(key: str) -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def cpu_name() -> str:
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine() or "CPU"
+
+
+def cpu_vendor() -> str | None:
+    vendor_id = _cpuinfo_field("vendor_id")
+    if vendor_id is not None:
+        return _VENDORS.get(vendor_id, vendor_id)
+    return _cpuinfo_field("CPU implementer")  # ARM: implementer code
+
+
+def host_memory() -> tuple[int | None, int | None]:
+    """(available, total) host memory in bytes; None where the OS will not say."""
+    try:
+        values = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, rest = line.split(":", 1)
+                values[key] = int(rest.split()[0]) * 1024
+        return values.get("MemAvailable"), values.get("MemTotal")
+    except (OSError, ValueError):
+        pass
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+    except (ValueError, OSError, AttributeError):
+        return None, None
+
+

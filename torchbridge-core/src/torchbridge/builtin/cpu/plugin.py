@@ -1,0 +1,115 @@
+"""The built-in CPU backend: always available. Its hooks answer for the cpu backend, and, as
+the "cpu" fallback, for cpu-hosted backends that opted into it. Registered trylast, so a
+third-party override runs first."""
+
+from __future__ import annotations
+
+import platform
+from typing import TYPE_CHECKING
+
+import torch
+
+from torchbridge.builtin.cpu import host
+from torchbridge.hookspecs import hookimpl
+from torchbridge.types import Detection, DeviceInfo, MemoryStats
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from torchbridge.backend import Backend
+    from torchbridge.levels import OptimizationLevel
+    from torchbridge.optimize.passes import OptimizationPass
+
+_GB = 1024**3
+
+
+@hookimpl(trylast=True)
+def torchbridge_config_section() -> tuple[str, type[BaseModel]]:
+    from torchbridge.builtin.cpu.config import CPUConfig
+
+    return "cpu", CPUConfig
+
+
+@hookimpl(trylast=True)
+def torchbridge_detect() -> Detection:
+    return Detection(name="cpu", available=True, priority=0, device_type="cpu",
+                     device_count=1, vendor=host.cpu_vendor(), fallbacks=())
+
+
+def _mine(device: torch.device) -> bool:
+    return device.type == "cpu"
+
+
+@hookimpl(trylast=True)
+def torchbridge_device_info(backend_name: str, device: torch.device) -> DeviceInfo | None:
+    if not _mine(device):
+        return None
+    available, total = host.host_memory()
+    bf16 = host.has_native_bf16()
+    return DeviceInfo(
+        name=host.cpu_name(),
+        backend=backend_name,
+        memory_total_gb=total / _GB if total is not None else None,
+        memory_available_gb=available / _GB if available is not None else None,
+        compute_capability=torch.backends.cpu.get_cpu_capability(),
+        supported_dtypes=["float32", "float64", "bfloat16", "float16"],
+        vendor=host.cpu_vendor(),
+        architecture=platform.machine() or None,
+        preferred_low_precision_dtype="bfloat16" if bf16 else None,
+        device=str(device),
+        extra={"threads": torch.get_num_threads(), "native_bf16": bf16,
+               "native_fp16": bool({"avx512_fp16", "amx_fp16"} & host.cpu_flags())},
+    )
+
+
+@hookimpl(trylast=True)
+def torchbridge_memory_stats(backend_name: str, device: torch.device) -> MemoryStats | None:
+    if not _mine(device):
+        return None
+    available, total = host.host_memory()
+    return MemoryStats(
+        device=str(device), free_bytes=available, total_bytes=total,
+        notes="the CPU allocator keeps no allocated/reserved/peak counters; "
+              "free and total are the host's available and total memory")
+
+
+@hookimpl(trylast=True)
+def torchbridge_empty_cache(backend_name: str, device: torch.device) -> bool | None:
+    # The CPU allocator returns memory to the OS on free: there is no cache to empty.
+    return True if _mine(device) else None
+
+
+@hookimpl(trylast=True)
+def torchbridge_reset_peak_memory_stats(backend_name: str, device: torch.device) -> bool | None:
+    # No peak counter exists on CPU (peak_allocated_bytes is None), so nothing to reset.
+    return True if _mine(device) else None
+
+
+@hookimpl(trylast=True)
+def torchbridge_synchronize(backend_name: str, device: torch.device) -> bool | None:
+    # CPU kernels run synchronously on the calling thread.
+    return True if _mine(device) else None
+
+
+@hookimpl(trylast=True)
+def torchbridge_distributed_backend(backend_name: str, device: torch.device) -> str | None:
+    import torch.distributed as dist
+
+    return "gloo" if _mine(device) and dist.is_available() else None
+
+
+@hookimpl(trylast=True)
+def torchbridge_backend_created(backend: Backend) -> None:
+    threads = getattr(getattr(backend.config.hardware, "cpu", None), "num_threads", None)
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+@hookimpl(trylast=True)
+def torchbridge_optimization_passes(backend: Backend, level: OptimizationLevel
+                                    ) -> list[OptimizationPass] | None:
+    if backend.name != "cpu":
+        return None
+    from torchbridge.builtin.cpu.passes import cpu_passes
+
+    return cpu_passes(backend)

@@ -25,7 +25,8 @@ def install_torchbridge(session: nox.Session, *extra: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Fresh venv, torch 2.13.0 CPU, the core and every plugin, the example plugin, pytest."""
-    install_torchbridge(session, "./tests/example_plugin", "pytest")
+    install_torchbridge(session, "./tests/example_plugin", "./tests/misbehaving_plugins",
+                         "./tests/misbehaving_twin", "pytest")
     session.run("pytest", *session.posargs)
 
 
@@ -35,7 +36,8 @@ def tests_xla(session: nox.Session) -> None:
     then the TPU plugin and the backend contract against the real XLA runtime on this CPU
     (PJRT_DEVICE=CPU). PyPI ships torch 2.9.1 only as its CUDA build: about 7 GB."""
     session.install("torch==2.9.1", "torch-xla==2.9.0", "numpy")
-    session.install(*PACKAGES, "./tests/example_plugin", "pytest")
+    session.install(*PACKAGES, "./tests/example_plugin", "./tests/misbehaving_plugins",
+                    "./tests/misbehaving_twin", "pytest")
     session.run("pytest", "tests", "--ignore=tests/xla", *session.posargs)
     session.run("pytest", "tests/xla", *session.posargs, env={"PJRT_DEVICE": "CPU"})
 
@@ -45,7 +47,8 @@ def tests_gpu(session: nox.Session) -> None:
     """On a GPU machine: the tests marked cuda/rocm/xpu. torch is left unpinned here on
     purpose so that pip picks the accelerator build for this machine."""
     session.install("torch", "numpy")
-    session.install(*PACKAGES, "./tests/example_plugin", "pytest")
+    session.install(*PACKAGES, "./tests/example_plugin", "./tests/misbehaving_plugins",
+                    "./tests/misbehaving_twin", "pytest")
     session.run("pytest", "-m", "cuda or rocm or xpu", *session.posargs)
 
 

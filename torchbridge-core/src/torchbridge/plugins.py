@@ -208,18 +208,16 @@ class PluginHost:
     def call_one(self, impl: pluggy.HookImpl, hook_name: str, kwargs: dict[str, Any],
                  check: Callable[[Any], str | None] | None = None) -> tuple[bool, Any]:
         """Call one implementation with the arguments it names. (True, result) on success;
-        (False, None) when it raised or `check(result)` named a problem (recorded)."""
+        (False, message) when it raised or `check(result)` named a problem (recorded)."""
         try:
             result = impl.function(*(kwargs[arg] for arg in impl.argnames))
         except BaseException as exc:
             if _is_fatal(exc):
                 raise
-            self.record_hook_error(impl.plugin_name, hook_name, exc)
-            return False, None
+            return False, self.record_hook_error(impl.plugin_name, hook_name, exc)
         problem = check(result) if check is not None and result is not None else None
         if problem is not None:
-            self.record_hook_error(impl.plugin_name, hook_name, problem)
-            return False, None
+            return False, self.record_hook_error(impl.plugin_name, hook_name, problem)
         return True, result
 
     def call_each(self, hook_name: str, check: Callable[[Any], str | None] | None = None,

@@ -72,13 +72,19 @@ def collect_passes(backend: Backend, level: OptimizationLevel) -> CollectedPasse
     chosen: dict[str, tuple[str, OptimizationPass]] = {}
     vetoes: dict[str, tuple[str, OptimizationPass]] = {}
     problems: list[str] = []
-    for plugin, passes in host.call_each("torchbridge_optimization_passes", check=_list_problem,
-                                         backend=backend, level=level):
-        for p in passes:
+    hook = "torchbridge_optimization_passes"
+    for impl in host.implementations(hook):
+        plugin = impl.plugin_name
+        ok, passes = host.call_one(impl, hook, {"backend": backend, "level": level},
+                                   _list_problem)
+        if not ok:  # raised or returned something that is not a list: the run says so
+            problems.append(f"plugin {plugin}: {passes}")
+            continue
+        for p in passes or ():
             problem = _pass_problem(p)
             if problem is not None:
                 problems.append(f"plugin {plugin}: " + host.record_hook_error(
-                    plugin, "torchbridge_optimization_passes", problem))
+                    plugin, hook, problem))
                 continue
             if p.veto_reason is None:
                 p = replace(p, min_level=OptimizationLevel.parse(p.min_level))

@@ -66,8 +66,7 @@ class Backend:
         self.status = status
         self.config = config
         self.answered_by: dict[str, str] = {}  # hook -> plugin that answered it last
-        self._index = 0
-        self._index = self._check_index(index)
+        self._index = self._check_index(0 if index is None else index)
         # Process-wide state changes only where the config asks for one.
         if config.logging_level is not None:
             logging.getLogger("torchbridge").setLevel(config.logging_level)

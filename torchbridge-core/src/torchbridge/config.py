@@ -31,7 +31,14 @@ from pydantic import (
 
 from torchbridge.errors import ConfigurationError
 from torchbridge.levels import OptimizationLevel
-from torchbridge.plugins import exclusive_step, get_plugin_host
+from torchbridge.plugins import (
+    PluginHost,
+    cached_for,
+    describe,
+    exclusive_step,
+    get_plugin_host,
+    is_fatal,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -151,7 +158,7 @@ class HardwareSections:
     owners: dict[str, str]
 
 
-_sections: tuple[object, int, HardwareSections] | None = None  # (host, generation, sections)
+_sections: tuple[PluginHost, int, HardwareSections] | None = None  # (host, generation, sections)
 _sections_lock = threading.Lock()
 
 
@@ -171,13 +178,13 @@ def hardware_sections() -> HardwareSections:
     reported with an error naming `hardware.<name>`."""
     global _sections
     host = get_plugin_host()
-    cached = _sections
-    if cached is not None and cached[0] is host and cached[1] == host.generation:
-        return cached[2]
+    cached: HardwareSections | None = cached_for(_sections, host)
+    if cached is not None:
+        return cached
     with exclusive_step("building config sections"), _sections_lock:
-        cached = _sections  # another thread may have built them while this one waited
-        if cached is not None and cached[0] is host and cached[1] == host.generation:
-            return cached[2]
+        cached = cached_for(_sections, host)  # another thread may have built them meanwhile
+        if cached is not None:
+            return cached
         results = list(host.call_each("torchbridge_config_section"))
         # Built-in sections are claimed first: a plugin cannot replace hardware.cpu.
         results.sort(key=lambda item: host.records[item[0]].group != "builtin"
@@ -197,10 +204,10 @@ def hardware_sections() -> HardwareSections:
                 try:
                     model()
                 except BaseException as exc:
-                    if isinstance(exc, KeyboardInterrupt):
+                    if is_fatal(exc):
                         raise
                     problem = (f"section hardware.{name} cannot be built from its defaults "
-                               f"(every field needs one): {_one_line(exc)}")
+                               f"(every field needs one): {describe(exc)}")
             if problem is not None:
                 host.record_hook_error(plugin, "torchbridge_config_section", problem)
                 continue
@@ -210,10 +217,6 @@ def hardware_sections() -> HardwareSections:
             create_model("HardwareConfig", __base__=HardwareConfig, **fields), owners)
         _sections = (host, host.generation, sections)
         return sections
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def hardware_model() -> type[HardwareConfig]:
@@ -322,7 +325,7 @@ def _validate_hardware(values: dict[str, Any], sources: dict[tuple[str, ...], st
         except Exception as exc:  # a plugin's validator raising something else
             raise ConfigurationError(
                 f"invalid TorchBridge configuration: hardware.{name}{owner}: its validator "
-                f"raised {_one_line(exc)}", field=f"hardware.{name}", value=value,
+                f"raised {describe(exc)}", field=f"hardware.{name}", value=value,
                 source=_source_of(("hardware", name), sources)) from None
     return sections.model(**validated)
 

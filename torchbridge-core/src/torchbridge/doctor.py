@@ -17,10 +17,10 @@ import torch
 import torchbridge
 from torchbridge.backend import DEVICE_HOOKS, Backend, get_backend
 from torchbridge.config import TorchBridgeConfig, hardware_sections
-from torchbridge.kernels import OPS, kernel_problem
+from torchbridge.kernels import OPS, kernel_answer
 from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize.pipeline import collect_passes
-from torchbridge.plugins import describe, get_plugin_host, plugin_records
+from torchbridge.plugins import describe, is_fatal, plugin_records
 from torchbridge.selection import backend_status, list_backends
 
 SLOW_DETECT_SECONDS = 0.5
@@ -30,7 +30,7 @@ def _safely(part: Callable[[], Any]) -> Any:
     try:
         return part()
     except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
+        if is_fatal(exc):
             raise
         return {"error": describe(exc)}
 
@@ -67,7 +67,6 @@ def _contributions(config: TorchBridgeConfig | None, statuses: list[Any]
         add(plugin, "config_sections", f"hardware.{section}")
     if config is None:
         return out
-    host = get_plugin_host()
 
     def backend_contributions(status: Any) -> None:
         backend = Backend(backend_status(status.name, statuses), config)
@@ -77,13 +76,9 @@ def _contributions(config: TorchBridgeConfig | None, statuses: list[Any]
             else:
                 add(plugin, "passes", f"{p.name} on {backend.name}")
         for op in OPS:
-            for impl in host.implementations("torchbridge_kernel"):
-                ok, kernel = host.call_one(impl, "torchbridge_kernel",
-                                           {"op": op, "backend_name": backend.name,
-                                            "backend": backend}, kernel_problem)
-                if ok and kernel is not None:
-                    add(impl.plugin_name, "kernels", f"{op} on {backend.name}")
-                    break
+            answered_by, _ = kernel_answer(op, backend)
+            if answered_by is not None:
+                add(answered_by, "kernels", f"{op} on {backend.name}")
         for hook in DEVICE_HOOKS:
             for impl, role in backend._answerers(hook):
                 if role == "override":

@@ -56,18 +56,23 @@ def kernel_problem(kernel: object) -> str | None:
     return None if callable(kernel) else f"returned {kernel!r}, which is not callable"
 
 
-def resolve_kernel(op: str, backend: Backend) -> Callable[..., Any]:
-    """The implementation of `op` on `backend`: the first plugin answer (tryfirst plugins
-    before vendor plugins before the core's reference), or the reference when config turns
-    custom kernels off. A plugin that raises or answers with something not callable is
-    reported and skipped."""
+def kernel_answer(op: str, backend: Backend) -> tuple[str | None, Callable[..., Any]]:
+    """(plugin, implementation) of `op` on `backend`: the first plugin answer (tryfirst
+    plugins before vendor plugins before the core's reference), or (None, the reference)
+    when config turns custom kernels off. A plugin that raises or answers with something
+    not callable is reported and skipped."""
     if op not in REFERENCE_KERNELS:
         raise KernelError(f"unknown op {op!r}; known ops: {', '.join(OPS)}")
     kernel_config = backend.config.kernel
     if not kernel_config.enabled or op in kernel_config.disabled_ops:
-        return REFERENCE_KERNELS[op]
+        return None, REFERENCE_KERNELS[op]
     host = get_plugin_host()
-    for _, kernel in host.call_each("torchbridge_kernel", check=kernel_problem, op=op,
-                                    backend_name=backend.name, backend=backend):
-        return kernel  # type: ignore[no-any-return]
-    return REFERENCE_KERNELS[op]
+    for plugin, kernel in host.call_each("torchbridge_kernel", check=kernel_problem, op=op,
+                                         backend_name=backend.name, backend=backend):
+        return plugin, kernel
+    return None, REFERENCE_KERNELS[op]
+
+
+def resolve_kernel(op: str, backend: Backend) -> Callable[..., Any]:
+    """The implementation of `op` on `backend` (see kernel_answer)."""
+    return kernel_answer(op, backend)[1]

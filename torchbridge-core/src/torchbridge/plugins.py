@@ -65,7 +65,8 @@ class PluginRecord:
 
 
 def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    """`TypeError: message` on one line (pydantic's errors span several)."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def _env_names(var: str) -> set[str] | None:
@@ -94,7 +95,7 @@ def exclusive_step(step: str) -> Iterator[None]:
         _local.steps = active
 
 
-def _is_fatal(exc: BaseException) -> bool:
+def is_fatal(exc: BaseException) -> bool:
     """What a plugin may not swallow for the user: Ctrl-C."""
     return isinstance(exc, KeyboardInterrupt)
 
@@ -145,7 +146,7 @@ class PluginHost:
             try:
                 self._register(ep.load(), name)
             except BaseException as exc:  # a broken plugin must not break the host
-                if _is_fatal(exc):
+                if is_fatal(exc):
                     raise
                 logger.warning("plugin %s (%s) failed to load: %s", name, ep.value,
                                describe(exc))
@@ -212,7 +213,7 @@ class PluginHost:
         try:
             result = impl.function(*(kwargs[arg] for arg in impl.argnames))
         except BaseException as exc:
-            if _is_fatal(exc):
+            if is_fatal(exc):
                 raise
             return False, self.record_hook_error(impl.plugin_name, hook_name, exc)
         problem = check(result) if check is not None and result is not None else None
@@ -228,6 +229,14 @@ class PluginHost:
             ok, result = self.call_one(impl, hook_name, kwargs, check)
             if ok and result is not None:
                 yield impl.plugin_name, result
+
+
+def cached_for(cache: tuple[PluginHost, int, Any] | None, host: PluginHost) -> Any:
+    """The value of a (host, generation, value) cache when it was built for the current
+    plugin set, else None. Discovery and config sections are cached this way."""
+    if cache is not None and cache[0] is host and cache[1] == host.generation:
+        return cache[2]
+    return None
 
 
 def _distribution(ep: metadata.EntryPoint) -> tuple[str | None, str | None]:

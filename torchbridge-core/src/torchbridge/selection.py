@@ -21,7 +21,13 @@ import torch
 
 from torchbridge import devices
 from torchbridge.errors import BackendUnavailableError
-from torchbridge.plugins import PluginHost, PluginRecord, exclusive_step, get_plugin_host
+from torchbridge.plugins import (
+    PluginHost,
+    PluginRecord,
+    cached_for,
+    exclusive_step,
+    get_plugin_host,
+)
 from torchbridge.types import BackendStatus, Detection
 
 BACKEND_ENV = "TORCHBRIDGE_BACKEND"
@@ -166,10 +172,9 @@ def list_backends(rescan: bool = False) -> list[BackendStatus]:
     driver appeared, in tests that replay recorded devices)."""
     global _discovery
     host = get_plugin_host()
-    cached = _discovery
-    if not rescan and cached is not None and cached[0] is host \
-            and cached[1] == host.generation:
-        return list(cached[2])
+    cached: list[BackendStatus] | None = cached_for(_discovery, host)
+    if not rescan and cached is not None:
+        return list(cached)
     with exclusive_step("discovering backends"):
         statuses = _discover(host)
     _discovery = (host, host.generation, statuses)

@@ -16,7 +16,7 @@ from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize.measure import call_args, compare_latency, output_drift
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 from torchbridge.optimize.report import OptimizationResult, PassRecord, attach_result
-from torchbridge.plugins import get_plugin_host
+from torchbridge.plugins import get_plugin_host, is_fatal
 from torchbridge.types import DeviceInfo
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
                 raise TypeError(f"apply returned {type(work).__name__}, expected the "
                                 "nn.Module it was given or its replacement")
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
+            if is_fatal(exc):
                 raise
             work = snapshot
             error = f"{type(exc).__name__}: {exc}"

@@ -112,7 +112,11 @@ LAYERS = [
     {"torchbridge.errors", "torchbridge.types", "torchbridge.hookspecs"},
     {"torchbridge.levels", "torchbridge.devices"},
     {"torchbridge.plugins"},
-    {"torchbridge.config", "torchbridge.selection", "torchbridge.kernels"},
+    {"torchbridge.config", "torchbridge.selection", "torchbridge.kernels.ops",
+     "torchbridge.kernels.compute"},
+    {"torchbridge.kernels.implementations"},
+    {"torchbridge.kernels.choice"},
+    {"torchbridge.kernels"},
 ]
 
 

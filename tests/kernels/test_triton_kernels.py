@@ -12,8 +12,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from torchbridge.errors import KernelError  # noqa: E402
-from torchbridge.kernels.triton import (  # noqa: E402
+from torchbridge.errors import KernelError
+from torchbridge.kernels.triton import (
     TRITON_KERNELS,
     add_rms_norm_forward,
     add_rms_norm_problem,

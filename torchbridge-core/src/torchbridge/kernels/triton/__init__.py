@@ -31,7 +31,11 @@ from torchbridge.kernels.triton.rms_norm import (
     rms_norm_problem,
 )
 from torchbridge.kernels.triton.rotary import rotary_backward, rotary_forward, rotary_problem
-from torchbridge.kernels.triton.silu_mul import silu_mul_backward, silu_mul_forward, silu_mul_problem
+from torchbridge.kernels.triton.silu_mul import (
+    silu_mul_backward,
+    silu_mul_forward,
+    silu_mul_problem,
+)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,6 @@ import triton
 from torchbridge.errors import KernelError
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Triton's names for those dtypes in a kernel signature ("*bf16" is a pointer to bfloat16).
-TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 # One program holds a whole row in registers; past this many elements a row spills so far
 # that the kernel stops paying (Liger-Kernel caps its fused row kernels at the same figure).
 MAX_BLOCK = 65536
@@ -93,6 +91,13 @@ def on_device(tensor: torch.Tensor) -> Iterator[None]:
             yield
     else:
         yield
+
+
+# (Triton dtype, value of the kernel's constexpr flag) per ahead-of-time compile: both flag
+# values in bfloat16 (the dtype compilers trip on), the main one in float32. float16 takes
+# bfloat16's code path; leaving it out keeps the check to seconds.
+AOT_VARIANTS = (("bf16", True), ("bf16", False), ("fp32", True))
+AOT_DTYPES = ("bf16", "fp32")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from torchbridge.errors import KernelError
 from torchbridge.kernels.triton._launch import (
-    TRITON_DTYPE,
+    AOT_VARIANTS,
     AotSpec,
     as_rows,
     block_problem,
@@ -211,26 +211,25 @@ def add_rms_norm_forward(x: torch.Tensor, residual: torch.Tensor,
 
 
 def aot_specs(block: int = 4096) -> list[AotSpec]:
-    """A compile of each kernel per dtype, with and without a weight, at a typical width."""
+    """Compiles of each kernel with and without a weight, at a typical width."""
     specs = []
-    for triton_dtype in TRITON_DTYPE.values():
+    for triton_dtype, has_weight in AOT_VARIANTS:
         pointer = f"*{triton_dtype}"
-        for has_weight in (True, False):
-            constexprs = {"HAS_WEIGHT": has_weight, "BLOCK": block}
-            specs.append(AotSpec(rms_norm_forward_kernel, {
-                "x_ptr": pointer, "weight_ptr": pointer, "y_ptr": pointer, "rstd_ptr": "*fp32",
-                "x_row_stride": "i32", "y_row_stride": "i32", "n_cols": "i32", "eps": "fp32",
-                "HAS_WEIGHT": "constexpr", "BLOCK": "constexpr"}, constexprs))
-            specs.append(AotSpec(rms_norm_backward_kernel, {
-                "grad_y_ptr": pointer, "x_ptr": pointer, "weight_ptr": pointer,
-                "rstd_ptr": "*fp32", "grad_x_ptr": pointer, "grad_weight_partial_ptr": "*fp32",
-                "grad_y_row_stride": "i32", "x_row_stride": "i32", "grad_x_row_stride": "i32",
-                "n_rows": "i32", "n_cols": "i32", "rows_per_program": "i32",
-                "HAS_WEIGHT": "constexpr", "BLOCK": "constexpr"}, constexprs))
-            specs.append(AotSpec(add_rms_norm_forward_kernel, {
-                "x_ptr": pointer, "residual_ptr": pointer, "weight_ptr": pointer,
-                "y_ptr": pointer, "sum_ptr": pointer, "x_row_stride": "i32",
-                "residual_row_stride": "i32", "y_row_stride": "i32", "sum_row_stride": "i32",
-                "n_cols": "i32", "eps": "fp32", "HAS_WEIGHT": "constexpr",
-                "BLOCK": "constexpr"}, constexprs))
+        constexprs = {"HAS_WEIGHT": has_weight, "BLOCK": block}
+        specs.append(AotSpec(rms_norm_forward_kernel, {
+            "x_ptr": pointer, "weight_ptr": pointer, "y_ptr": pointer, "rstd_ptr": "*fp32",
+            "x_row_stride": "i32", "y_row_stride": "i32", "n_cols": "i32", "eps": "fp32",
+            "HAS_WEIGHT": "constexpr", "BLOCK": "constexpr"}, constexprs))
+        specs.append(AotSpec(rms_norm_backward_kernel, {
+            "grad_y_ptr": pointer, "x_ptr": pointer, "weight_ptr": pointer,
+            "rstd_ptr": "*fp32", "grad_x_ptr": pointer, "grad_weight_partial_ptr": "*fp32",
+            "grad_y_row_stride": "i32", "x_row_stride": "i32", "grad_x_row_stride": "i32",
+            "n_rows": "i32", "n_cols": "i32", "rows_per_program": "i32",
+            "HAS_WEIGHT": "constexpr", "BLOCK": "constexpr"}, constexprs))
+        specs.append(AotSpec(add_rms_norm_forward_kernel, {
+            "x_ptr": pointer, "residual_ptr": pointer, "weight_ptr": pointer,
+            "y_ptr": pointer, "sum_ptr": pointer, "x_row_stride": "i32",
+            "residual_row_stride": "i32", "y_row_stride": "i32", "sum_row_stride": "i32",
+            "n_cols": "i32", "eps": "fp32", "HAS_WEIGHT": "constexpr",
+            "BLOCK": "constexpr"}, constexprs))
     return specs

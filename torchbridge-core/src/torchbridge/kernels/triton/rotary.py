@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from torchbridge.kernels.triton._launch import (
-    TRITON_DTYPE,
+    AOT_VARIANTS,
     AotSpec,
     block_problem,
     check,
@@ -147,18 +147,17 @@ def rotary_backward(grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 def aot_specs(head_dim: int = 128) -> list[AotSpec]:
     specs = []
-    for triton_dtype in TRITON_DTYPE.values():
+    for triton_dtype, forward in AOT_VARIANTS:
         pointer = f"*{triton_dtype}"
-        for backward in (False, True):
-            signature = {"x_ptr": pointer, "cos_ptr": pointer, "sin_ptr": pointer,
-                         "out_ptr": pointer}
-            signature.update(dict.fromkeys((
-                "seq_len", "n_heads", "half", "x_stride_b", "x_stride_h", "x_stride_s",
-                "cos_stride_b", "cos_stride_s", "sin_stride_b", "sin_stride_s",
-                "out_stride_b", "out_stride_h", "out_stride_s"), "i32"))
-            signature.update(dict.fromkeys(("BACKWARD", "BLOCK_HEADS", "BLOCK_HALF"),
-                                           "constexpr"))
-            specs.append(AotSpec(rotary_kernel, signature, {
-                "BACKWARD": backward, "BLOCK_HEADS": MAX_BLOCK_HEADS,
-                "BLOCK_HALF": head_dim // 2}))
+        signature = {"x_ptr": pointer, "cos_ptr": pointer, "sin_ptr": pointer,
+                     "out_ptr": pointer}
+        signature.update(dict.fromkeys((
+            "seq_len", "n_heads", "half", "x_stride_b", "x_stride_h", "x_stride_s",
+            "cos_stride_b", "cos_stride_s", "sin_stride_b", "sin_stride_s",
+            "out_stride_b", "out_stride_h", "out_stride_s"), "i32"))
+        signature.update(dict.fromkeys(("BACKWARD", "BLOCK_HEADS", "BLOCK_HALF"),
+                                       "constexpr"))
+        specs.append(AotSpec(rotary_kernel, signature, {
+            "BACKWARD": not forward, "BLOCK_HEADS": MAX_BLOCK_HEADS,
+            "BLOCK_HALF": head_dim // 2}))
     return specs

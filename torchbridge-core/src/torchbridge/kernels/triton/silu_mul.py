@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from torchbridge.kernels.triton._launch import (
-    TRITON_DTYPE,
+    AOT_DTYPES,
     AotSpec,
     check,
     device_problem,
@@ -86,7 +86,7 @@ def silu_mul_backward(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
 
 def aot_specs() -> list[AotSpec]:
     specs = []
-    for triton_dtype in TRITON_DTYPE.values():
+    for triton_dtype in AOT_DTYPES:
         pointer = f"*{triton_dtype}"
         specs.append(AotSpec(silu_mul_forward_kernel, {
             "gate_ptr": pointer, "up_ptr": pointer, "out_ptr": pointer, "n_elements": "i32",

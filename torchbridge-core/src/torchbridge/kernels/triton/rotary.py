@@ -1,3 +1,5 @@
+# Triton jit kernels take untyped arguments (Triton reads `tl.constexpr` annotations itself):
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Rotary position embedding, Hugging Face's convention (rotate_half, not interleaved pairs):
 
     out = x * cos + rotate_half(x) * sin,   rotate_half(x) = cat(-x[..., d/2:], x[..., :d/2])

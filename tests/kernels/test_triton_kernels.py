@@ -15,6 +15,7 @@ pytest.importorskip("triton")
 from torchbridge.errors import KernelError
 from torchbridge.kernels.triton import (
     TRITON_KERNELS,
+    add_rms_norm_backward,
     add_rms_norm_forward,
     add_rms_norm_problem,
     rms_norm_backward,
@@ -159,6 +160,22 @@ def test_add_rms_norm_returns_the_norm_and_the_residual_sum(
         assert torch.equal(total.cpu(), expected_total.cpu())
     # ...and the norm is computed from that rounded sum.
     assert_close(y, rms_norm_reference(expected_total, weight, 1e-6), dtype)
+
+    # Backward, from the returned sum: x and residual get the same gradient, the norm's
+    # gradient plus what reached the sum directly (the next layer's residual stream).
+    grad_y = make(shape, dtype, device, 13)
+    grad_sum = noncontiguous(make(shape, dtype, device, 14))
+    x64 = x.double().cpu().requires_grad_()
+    r64 = residual.double().cpu().requires_grad_()
+    w64 = weight.double().cpu().requires_grad_()
+    s64 = x64 + r64
+    expected = torch.autograd.grad(
+        (rms_norm_reference(s64, w64, 1e-6), s64), [x64, r64, w64],
+        (grad_y.double().cpu(), grad_sum.double().cpu()))
+    grad_input, grad_weight = add_rms_norm_backward(grad_y, grad_sum, total, weight, 1e-6)
+    assert_close(grad_input, expected[0], dtype)
+    assert grad_weight is not None
+    assert_close(grad_weight, expected[2], dtype)
 
 
 # -- silu_mul -------------------------------------------------------------------------------
@@ -318,7 +335,7 @@ def test_the_registry_names_every_op_with_its_functions() -> None:
         "rms_norm": (rms_norm_forward, rms_norm_backward, rms_norm_problem),
         "silu_mul": (silu_mul_forward, silu_mul_backward, silu_mul_problem),
         "rotary_embedding": (rotary_forward, rotary_backward, rotary_problem),
-        "add_rms_norm": (add_rms_norm_forward, None, add_rms_norm_problem),
+        "add_rms_norm": (add_rms_norm_forward, add_rms_norm_backward, add_rms_norm_problem),
     }
     assert set(TRITON_KERNELS) == set(expected)
     for name, (forward, backward, problem) in expected.items():

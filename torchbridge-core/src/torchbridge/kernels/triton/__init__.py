@@ -24,6 +24,7 @@ from typing import Any
 from torchbridge.kernels.triton import rms_norm, rotary, silu_mul
 from torchbridge.kernels.triton._launch import AotSpec
 from torchbridge.kernels.triton.rms_norm import (
+    add_rms_norm_backward,
     add_rms_norm_forward,
     add_rms_norm_problem,
     rms_norm_backward,
@@ -40,7 +41,8 @@ from torchbridge.kernels.triton.silu_mul import (
 
 @dataclass(frozen=True)
 class TritonOp:
-    """One op's Triton implementation. `problem` takes the forward's arguments."""
+    """One op's Triton implementation. `problem` takes the forward's arguments; `kernels` are
+    the jit kernels it launches; `aot_specs()` the compiles the ahead-of-time check builds."""
 
     forward: Callable[..., Any]
     backward: Callable[..., Any] | None
@@ -53,8 +55,7 @@ TRITON_KERNELS: dict[str, TritonOp] = {
     "rms_norm": TritonOp(
         rms_norm_forward, rms_norm_backward, rms_norm_problem,
         (rms_norm.rms_norm_forward_kernel, rms_norm.rms_norm_backward_kernel),
-        lambda: [s for s in rms_norm.aot_specs() if s.kernel is not
-                 rms_norm.add_rms_norm_forward_kernel]),
+        rms_norm.rms_norm_aot_specs),
     "silu_mul": TritonOp(
         silu_mul_forward, silu_mul_backward, silu_mul_problem,
         (silu_mul.silu_mul_forward_kernel, silu_mul.silu_mul_backward_kernel),
@@ -62,19 +63,18 @@ TRITON_KERNELS: dict[str, TritonOp] = {
     "rotary_embedding": TritonOp(
         rotary_forward, rotary_backward, rotary_problem, (rotary.rotary_kernel,),
         rotary.aot_specs),
-    # Inference only: a training model's backward can run rms_norm_backward on the returned
-    # sum (with rstd from rms_norm_forward) and add the sum's own gradient.
+    # The backward shares rms_norm's kernel (rstd recomputed from the sum, grad_sum added).
     "add_rms_norm": TritonOp(
-        add_rms_norm_forward, None, add_rms_norm_problem,
-        (rms_norm.add_rms_norm_forward_kernel,),
-        lambda: [s for s in rms_norm.aot_specs() if s.kernel is
-                 rms_norm.add_rms_norm_forward_kernel]),
+        add_rms_norm_forward, add_rms_norm_backward, add_rms_norm_problem,
+        (rms_norm.add_rms_norm_forward_kernel, rms_norm.rms_norm_backward_kernel),
+        rms_norm.add_rms_norm_aot_specs),
 }
 
 __all__ = [
     "TRITON_KERNELS",
     "AotSpec",
     "TritonOp",
+    "add_rms_norm_backward",
     "add_rms_norm_forward",
     "add_rms_norm_problem",
     "rms_norm_backward",

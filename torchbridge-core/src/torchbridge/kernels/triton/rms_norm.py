@@ -45,14 +45,18 @@ def rms_norm_forward_kernel(x_ptr, weight_ptr, y_ptr, rstd_ptr, x_row_stride, y_
 
 
 @triton.jit
-def rms_norm_backward_kernel(grad_y_ptr, x_ptr, weight_ptr, rstd_ptr, grad_x_ptr,
-                             grad_weight_partial_ptr, grad_y_row_stride, x_row_stride,
-                             grad_x_row_stride, n_rows, n_cols, rows_per_program,
-                             HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
+def rms_norm_backward_kernel(grad_y_ptr, x_ptr, weight_ptr, rstd_ptr, grad_sum_ptr,
+                             grad_x_ptr, grad_weight_partial_ptr, grad_y_row_stride,
+                             x_row_stride, grad_sum_row_stride, grad_x_row_stride, n_rows,
+                             n_cols, rows_per_program, eps, HAS_WEIGHT: tl.constexpr,
+                             FUSED_ADD: tl.constexpr, BLOCK: tl.constexpr):
     """Each program takes `rows_per_program` consecutive rows and writes its share of
     grad_weight (summed over its rows, in float32) to one row of the partial buffer; the
     caller adds the partial rows. With g = grad_y * weight:
-    grad_x = rstd * g - rstd^3 * x * sum(g * x) / n_cols."""
+    grad_x = rstd * g - rstd^3 * x * sum(g * x) / n_cols.
+    FUSED_ADD is the backward of the residual add + RMSNorm, where x is the sum: rstd is
+    recomputed from it (with eps; the forward saves none) and the gradient that reached the
+    sum directly is added. x and residual both get that gradient."""
     program = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -65,13 +69,19 @@ def rms_norm_backward_kernel(grad_y_ptr, x_ptr, weight_ptr, rstd_ptr, grad_x_ptr
         grad_y = tl.load(grad_y_ptr + row * grad_y_row_stride + cols, mask=mask,
                          other=0.0).to(tl.float32)
         x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + row)
+        if FUSED_ADD:
+            rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+        else:
+            rstd = tl.load(rstd_ptr + row)
         if HAS_WEIGHT:
             g = grad_y * weight
             grad_weight += grad_y * x * rstd
         else:
             g = grad_y
         grad_x = rstd * g - rstd * rstd * rstd * x * (tl.sum(g * x, axis=0) / n_cols)
+        if FUSED_ADD:
+            grad_x += tl.load(grad_sum_ptr + row * grad_sum_row_stride + cols, mask=mask,
+                              other=0.0).to(tl.float32)
         tl.store(grad_x_ptr + row * grad_x_row_stride + cols,
                  grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
     if HAS_WEIGHT:
@@ -149,19 +159,18 @@ def _programs(n_rows: int, x: torch.Tensor) -> int:
     return max(1, min(n_rows, slots))
 
 
-def rms_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
-                      rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(grad_x in x's dtype, grad_weight in weight's dtype or None without a weight), from
-    the forward's rstd. grad_weight is accumulated in float32 over all rows."""
-    check(rms_norm_problem(x, weight) or dtype_problem(grad_y=grad_y)
-           or device_problem(x, grad_y, rstd))
-    if grad_y.shape != x.shape:
-        raise KernelError(f"grad_y has shape {tuple(grad_y.shape)}, x {tuple(x.shape)}")
+def _backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+              rstd: torch.Tensor | None, grad_sum: torch.Tensor | None, eps: float
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Launch the backward kernel: with rstd (rms_norm), or recomputing it from x and adding
+    grad_sum (add_rms_norm, rstd None)."""
     rows, grad_rows = as_rows(x), as_rows(grad_y)
     n_rows, n_cols = rows.shape
-    rstd = rstd.reshape(-1).to(torch.float32).contiguous()
-    if rstd.numel() != n_rows:
-        raise KernelError(f"rstd has {rstd.numel()} values for {n_rows} rows")
+    if rstd is not None:
+        rstd = rstd.reshape(-1).to(torch.float32).contiguous()
+        if rstd.numel() != n_rows:
+            raise KernelError(f"rstd has {rstd.numel()} values for {n_rows} rows")
+    grad_sum_rows = None if grad_sum is None else as_rows(grad_sum)
     grad_x = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     programs = _programs(n_rows, x)
     rows_per_program = triton.cdiv(n_rows, programs)
@@ -171,12 +180,31 @@ def rms_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
         block = row_block(n_cols)
         with on_device(x):
             rms_norm_backward_kernel[(programs,)](
-                grad_rows, rows, rows if weight is None else weight, rstd, grad_x, partial,
-                grad_rows.stride(0), rows.stride(0), grad_x.stride(0), n_rows, n_cols,
-                rows_per_program, HAS_WEIGHT=weight is not None, BLOCK=block,
-                num_warps=num_warps(block))
+                grad_rows, rows, rows if weight is None else weight,
+                partial if rstd is None else rstd,
+                rows if grad_sum_rows is None else grad_sum_rows, grad_x, partial,
+                grad_rows.stride(0), rows.stride(0),
+                0 if grad_sum_rows is None else grad_sum_rows.stride(0), grad_x.stride(0),
+                n_rows, n_cols, rows_per_program, eps, HAS_WEIGHT=weight is not None,
+                FUSED_ADD=rstd is None, BLOCK=block, num_warps=num_warps(block))
     grad_weight = None if weight is None else partial.sum(dim=0).to(weight.dtype)
     return grad_x.view(x.shape), grad_weight
+
+
+def _same_shape(name: str, tensor: torch.Tensor, x: torch.Tensor) -> None:
+    if tensor.shape != x.shape:
+        raise KernelError(f"{name} has shape {tuple(tensor.shape)}, the input "
+                          f"{tuple(x.shape)}")
+
+
+def rms_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                      rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(grad_x in x's dtype, grad_weight in weight's dtype or None without a weight), from
+    the forward's rstd. grad_weight is accumulated in float32 over all rows."""
+    check(rms_norm_problem(x, weight) or dtype_problem(grad_y=grad_y)
+          or device_problem(x, grad_y, rstd))
+    _same_shape("grad_y", grad_y, x)
+    return _backward(grad_y, x, weight, rstd, None, 0.0)
 
 
 def add_rms_norm_problem(x: torch.Tensor, residual: torch.Tensor,
@@ -212,8 +240,24 @@ def add_rms_norm_forward(x: torch.Tensor, residual: torch.Tensor,
     return y.view(x.shape), total.view(x.shape)
 
 
+def add_rms_norm_backward(grad_y: torch.Tensor, grad_sum: torch.Tensor, total: torch.Tensor,
+                          weight: torch.Tensor | None, eps: float
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The backward of add_rms_norm_forward from its returned sum `total` (rstd is
+    recomputed from it, so the forward saves nothing more): (the gradient w.r.t. x, which is
+    also the gradient w.r.t. residual, in the input dtype; grad_weight in weight's dtype or
+    None). grad_sum is the gradient that reached the returned sum directly."""
+    check(rms_norm_problem(total, weight, eps)
+          or dtype_problem(grad_y=grad_y, grad_sum=grad_sum)
+          or device_problem(total, grad_y, grad_sum))
+    _same_shape("grad_y", grad_y, total)
+    _same_shape("grad_sum", grad_sum, total)
+    return _backward(grad_y, total, weight, None, grad_sum, eps)
+
+
 def aot_specs(block: int = 4096) -> list[AotSpec]:
-    """Compiles of each kernel with and without a weight, at a typical width."""
+    """Compiles of each kernel with and without a weight (the backward also with and without
+    the fused add), at a typical width."""
     specs = []
     for triton_dtype, has_weight in AOT_VARIANTS:
         pointer = f"*{triton_dtype}"
@@ -222,12 +266,16 @@ def aot_specs(block: int = 4096) -> list[AotSpec]:
             "x_ptr": pointer, "weight_ptr": pointer, "y_ptr": pointer, "rstd_ptr": "*fp32",
             "x_row_stride": "i32", "y_row_stride": "i32", "n_cols": "i32", "eps": "fp32",
             "HAS_WEIGHT": "constexpr", "BLOCK": "constexpr"}, constexprs))
-        specs.append(AotSpec(rms_norm_backward_kernel, {
-            "grad_y_ptr": pointer, "x_ptr": pointer, "weight_ptr": pointer,
-            "rstd_ptr": "*fp32", "grad_x_ptr": pointer, "grad_weight_partial_ptr": "*fp32",
-            "grad_y_row_stride": "i32", "x_row_stride": "i32", "grad_x_row_stride": "i32",
-            "n_rows": "i32", "n_cols": "i32", "rows_per_program": "i32",
-            "HAS_WEIGHT": "constexpr", "BLOCK": "constexpr"}, constexprs))
+        for fused_add in (False, True):
+            specs.append(AotSpec(rms_norm_backward_kernel, {
+                "grad_y_ptr": pointer, "x_ptr": pointer, "weight_ptr": pointer,
+                "rstd_ptr": "*fp32", "grad_sum_ptr": pointer, "grad_x_ptr": pointer,
+                "grad_weight_partial_ptr": "*fp32", "grad_y_row_stride": "i32",
+                "x_row_stride": "i32", "grad_sum_row_stride": "i32",
+                "grad_x_row_stride": "i32", "n_rows": "i32", "n_cols": "i32",
+                "rows_per_program": "i32", "eps": "fp32", "HAS_WEIGHT": "constexpr",
+                "FUSED_ADD": "constexpr", "BLOCK": "constexpr"},
+                {**constexprs, "FUSED_ADD": fused_add}))
         specs.append(AotSpec(add_rms_norm_forward_kernel, {
             "x_ptr": pointer, "residual_ptr": pointer, "weight_ptr": pointer,
             "y_ptr": pointer, "sum_ptr": pointer, "x_row_stride": "i32",
@@ -235,3 +283,13 @@ def aot_specs(block: int = 4096) -> list[AotSpec]:
             "n_cols": "i32", "eps": "fp32", "HAS_WEIGHT": "constexpr",
             "BLOCK": "constexpr"}, constexprs))
     return specs
+
+
+def rms_norm_aot_specs() -> list[AotSpec]:
+    return [spec for spec in aot_specs() if spec.kernel is rms_norm_forward_kernel or
+            (spec.kernel is rms_norm_backward_kernel and not spec.constexprs["FUSED_ADD"])]
+
+
+def add_rms_norm_aot_specs() -> list[AotSpec]:
+    return [spec for spec in aot_specs() if spec.kernel is add_rms_norm_forward_kernel or
+            (spec.kernel is rms_norm_backward_kernel and spec.constexprs["FUSED_ADD"])]

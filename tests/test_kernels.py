@@ -449,3 +449,30 @@ def test_enable_caching_points_triton_at_the_torchbridge_cache(
     import os
 
     assert os.environ["TRITON_CACHE_DIR"] == str(path)
+
+
+def test_a_plugins_broken_pattern_is_its_error_and_the_pass_goes_on(
+        reload_plugins: None, example: Any) -> None:
+    from torchbridge import ModulePattern
+
+    def explode(module: nn.Module) -> None:
+        raise RuntimeError("pattern bug")
+
+    class BrokenPatterns:
+        @torchbridge.hookimpl(tryfirst=True)
+        def torchbridge_module_patterns(self) -> list[Any]:
+            return [ModulePattern("boom", "rms_norm", explode, lambda *a: None,
+                                  lambda *a: ())]
+
+    class NotPatterns:
+        @torchbridge.hookimpl
+        def torchbridge_module_patterns(self) -> Any:
+            return "rms_norm"
+
+    torchbridge.register_plugin(BrokenPatterns(), name="broken_patterns")
+    torchbridge.register_plugin(NotPatterns(), name="not_patterns")
+    prepared = without_compile(example).prepare_model(Block().eval(), "O3")
+    assert substitutions(prepared)["norm"]["status"] == "substituted"
+    errors = {r.name: r.errors for r in torchbridge.plugins.plugin_records()}
+    assert any("pattern boom: pattern bug" in e for e in errors["broken_patterns"])
+    assert any("expected a list of ModulePattern" in e for e in errors["not_patterns"])

@@ -18,6 +18,7 @@ from torchbridge.errors import (
     CheckpointError,
     ConfigurationError,
     DeviceError,
+    DistributedError,
     KernelCompilationError,
     KernelError,
     ModelOptimizationError,
@@ -77,7 +78,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Backend", "BackendStatus", "BackendUnavailableError", "CheckpointError",
     "ConfigSection", "ConfigurationError", "Detection",
-    "DeviceError", "DeviceInfo", "KernelCompilationError", "KernelError", "MemoryStats",
+    "DeviceError", "DeviceInfo", "DistributedError", "KernelCompilationError", "KernelError",
+    "MemoryStats",
     "ModelOptimizationError", "OptimizationLevel", "OptimizationPass", "OptimizationResult",
     "OutOfMemoryError", "PassContext", "PluginError", "TorchBridgeConfig", "TorchBridgeError",
     "detect_best_backend", "get_backend", "get_kernel", "hookimpl", "hookspec",

@@ -279,8 +279,20 @@ class Backend:
                             inplace=inplace, strict=strict)
 
     def prepare_model(self, model: nn.Module, level: Any = None, *, sample_input: Any = None,
-                      inplace: bool = False, strict: bool | None = None) -> nn.Module:
-        """The prepared model. Its report: `torchbridge.optimization_result(prepared)`."""
+                      inplace: bool = False, strict: bool | None = None,
+                      distributed: str | None = None) -> nn.Module:
+        """The prepared model. Its report: `torchbridge.optimization_result(prepared)`.
+
+        `distributed="ddp"` or `"fsdp"` (after `torchbridge.distributed.initialize()`) wraps
+        the prepared model in DistributedDataParallel or FSDP2, outside the level's passes
+        (torchbridge.distributed.strategies says why in that order); an unsupported strategy
+        is a DistributedError with the reason."""
+        if distributed is not None:
+            from torchbridge.distributed.strategies import prepare_distributed
+
+            return prepare_distributed(self, model, level, distributed,
+                                       sample_input=sample_input, inplace=inplace,
+                                       strict=strict)
         return self.optimize(model, level, sample_input=sample_input, inplace=inplace,
                              strict=strict).model
 

@@ -196,7 +196,8 @@ class Backend:
         return f"answered by the core's {who.split()[0]} fallback, not by plugin {self.plugin}"
 
     # -- description and memory -----------------------------------------------------------
-    def get_device_info(self, index: int = 0) -> DeviceInfo:
+    def get_device_info(self, index: int | None = None) -> DeviceInfo:
+        """This backend's device (get_backend("cuda:1"): device 1), or device `index`."""
         info, who = self.call_device_hook("torchbridge_device_info", index)
         if info is None:
             raise DeviceError(self._unanswered("torchbridge_device_info", index))

@@ -11,9 +11,12 @@ autocast wrappers removed), "optimizer": keyed by parameter name (DCP's portable
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,15 @@ def _group_active() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _one_process_quietly() -> Iterator[None]:
+    # Without a process group DCP warns that it "assumes the intent" is one process; here
+    # that is the documented behaviour, not a guess.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def save_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathLike[str],
@@ -49,7 +61,8 @@ def save_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathL
         state = {"model": model_state, "optimizer": optimizer_state}
     path = Path(checkpoint_dir)
     try:
-        dcp.save(state, checkpoint_id=path, no_dist=not _group_active())
+        with _one_process_quietly():
+            dcp.save(state, checkpoint_id=path, no_dist=not _group_active())
     except Exception as exc:
         raise CheckpointError(f"cannot save distributed checkpoint {path}: "
                               f"{type(exc).__name__}: {exc}") from exc
@@ -82,7 +95,8 @@ def load_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathL
         model_state, optimizer_state = get_state_dict(inner, optimizer)
         state = {"model": model_state, "optimizer": optimizer_state}
     try:
-        dcp.load(state, checkpoint_id=path, no_dist=not _group_active())
+        with _one_process_quietly():
+            dcp.load(state, checkpoint_id=path, no_dist=not _group_active())
     except Exception as exc:
         raise CheckpointError(f"cannot load distributed checkpoint {path} into "
                               f"{type(inner).__name__}: {type(exc).__name__}: {exc}") from exc
@@ -107,7 +121,8 @@ def distributed_to_single_file(checkpoint_dir: str | os.PathLike[str],
     with tempfile.TemporaryDirectory(dir=target.parent if target.parent.is_dir() else None
                                      ) as tmp:
         full = Path(tmp) / "full.pt"
-        dcp_to_torch_save(source, full)
+        with _one_process_quietly():
+            dcp_to_torch_save(source, full)
         state = load_checkpoint(full)
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{source} holds no 'model' entry; it was not written by "
@@ -126,7 +141,8 @@ def single_file_to_distributed(path: str | os.PathLike[str],
         raise CheckpointError(f"{path} holds {type(state).__name__}, not a state dict")
     target = Path(checkpoint_dir)
     try:
-        dcp.save({"model": state}, checkpoint_id=target, no_dist=True)
+        with _one_process_quietly():
+            dcp.save({"model": state}, checkpoint_id=target, no_dist=True)
     except Exception as exc:
         raise CheckpointError(f"cannot write distributed checkpoint {target}: "
                               f"{type(exc).__name__}: {exc}") from exc

@@ -45,7 +45,7 @@ def _rank_backend(backend: Backend | str | None, local_rank: int) -> Backend:
     return get_backend(f"{chosen.name}:{index}", config=chosen.config)
 
 
-def _bind_device(device: torch.device) -> None:
+def bind_device(device: torch.device) -> None:
     """Make `device` this process's current device, so that collectives and kernels
     launched without an explicit device (NCCL's included) use it."""
     module = device_module(device)
@@ -110,7 +110,7 @@ def _adopt_existing(backend: Backend | str | None, launch: LaunchEnvironment | N
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank = launch.local_rank if launch is not None else 0
     rank_backend = _rank_backend(backend, local_rank)
-    _bind_device(rank_backend.device)
+    bind_device(rank_backend.device)
     pg = str(dist.get_backend())
     return DistributedContext(rank, local_rank, world_size,
                               launch.local_world_size or world_size if launch else 1,
@@ -160,7 +160,7 @@ def initialize(backend: Backend | str | None = None, timeout: Any = None
                     f"(plugin {rank_backend.plugin}: torchbridge_distributed_backend "
                     "answered None)")
             spec, cpu_backend = process_group_spec(pg_backend, rank_backend.device.type)
-            _bind_device(rank_backend.device)
+            bind_device(rank_backend.device)
             _start_group(spec, launch, delta)
             context = DistributedContext(
                 rank=launch.rank if launch else 0,

@@ -13,10 +13,9 @@ import json
 from pathlib import Path
 
 import torch
+import torchbridge.distributed as tbd
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-import torchbridge.distributed as tbd
 
 GLOBAL_BATCH = 8
 

@@ -26,7 +26,7 @@ from torchbridge.distributed.runtime import process_group_spec
 from torchbridge.distributed.strategies import unsupported_reason
 
 sys.path.insert(0, str(Path(__file__).parent))
-import distributed_worker as worker  # noqa: E402
+import distributed_worker as worker
 
 WORKER = Path(__file__).parent / "distributed_worker.py"
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -130,7 +130,7 @@ def test_process_group_backend_gains_gloo_where_it_cannot_carry_cpu_tensors() ->
 def test_prepare_model_distributed_needs_initialize_and_a_known_strategy() -> None:
     backend = torchbridge.get_backend("cpu")
     model = nn.Linear(4, 2)
-    with pytest.raises(DistributedError, match="call torchbridge.distributed.initialize"):
+    with pytest.raises(DistributedError, match=r"call torchbridge\.distributed\.initialize"):
         backend.prepare_model(model, "O0", distributed="ddp")
     tbd.initialize()
     with pytest.raises(DistributedError, match="must be one of ddp, fsdp"):

@@ -83,7 +83,7 @@ def _launch(args: argparse.Namespace) -> int:
     try:
         launch(args.torchrun_args)
     except ChildFailedError as exc:  # the workers' tracebacks are already on stderr
-        print(exc.format_msg(), file=sys.stderr)
+        print(exc.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
         return 1
     return 0
 

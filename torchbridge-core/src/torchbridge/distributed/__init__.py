@@ -50,4 +50,8 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "STRATEGIES", "DistributedContext", "current_context", "destroy",
+    "distributed_to_single_file", "initialize", "load_distributed_checkpoint",
+    "save_distributed_checkpoint", "single_file_to_distributed", "user_module",
+]

@@ -49,8 +49,8 @@ def save_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathL
     """Save `model` (prepared with distributed="ddp" or "fsdp", or a plain module) and
     optionally its optimizer into the folder `checkpoint_dir`. Call it on every rank: it is
     a collective. Returns the folder."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     inner = user_module(model)
     state: dict[str, Any]
@@ -62,7 +62,7 @@ def save_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathL
     path = Path(checkpoint_dir)
     try:
         with _one_process_quietly():
-            dcp.save(state, checkpoint_id=path, no_dist=not _group_active())
+            save(state, checkpoint_id=path, no_dist=not _group_active())
     except Exception as exc:
         raise CheckpointError(f"cannot save distributed checkpoint {path}: "
                               f"{type(exc).__name__}: {exc}") from exc
@@ -75,13 +75,13 @@ def load_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathL
     """Load a checkpoint saved by `save_distributed_checkpoint` (on any number of ranks)
     into `model` and optionally `optimizer`, in place, resharding to this run's layout.
     Collective when a process group is active; works in one process without one."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_state_dict,
         set_model_state_dict,
         set_state_dict,
     )
+    from torch.distributed.checkpoint.state_dict_loader import load
 
     path = Path(checkpoint_dir)
     if not (path / ".metadata").is_file():
@@ -96,7 +96,7 @@ def load_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathL
         state = {"model": model_state, "optimizer": optimizer_state}
     try:
         with _one_process_quietly():
-            dcp.load(state, checkpoint_id=path, no_dist=not _group_active())
+            load(state, checkpoint_id=path, no_dist=not _group_active())
     except Exception as exc:
         raise CheckpointError(f"cannot load distributed checkpoint {path} into "
                               f"{type(inner).__name__}: {type(exc).__name__}: {exc}") from exc
@@ -134,7 +134,7 @@ def single_file_to_distributed(path: str | os.PathLike[str],
                                checkpoint_dir: str | os.PathLike[str]) -> Path:
     """Write a single-file checkpoint (`save_checkpoint`'s) as a distributed checkpoint that
     `load_distributed_checkpoint` loads on any world size. Run it in one process."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     state = load_checkpoint(path)
     if not isinstance(state, dict):
@@ -142,7 +142,7 @@ def single_file_to_distributed(path: str | os.PathLike[str],
     target = Path(checkpoint_dir)
     try:
         with _one_process_quietly():
-            dcp.save({"model": state}, checkpoint_id=target, no_dist=True)
+            save({"model": state}, checkpoint_id=target, no_dist=True)
     except Exception as exc:
         raise CheckpointError(f"cannot write distributed checkpoint {target}: "
                               f"{type(exc).__name__}: {exc}") from exc

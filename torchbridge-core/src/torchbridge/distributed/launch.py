@@ -57,4 +57,4 @@ def launch(argv: Sequence[str]) -> None:
     if args.backend:
         os.environ["TORCHBRIDGE_BACKEND"] = args.backend
     args.nproc_per_node = resolve_nproc(args.nproc_per_node, args.backend)
-    run(args)
+    run(args)  # type: ignore[no-untyped-call]

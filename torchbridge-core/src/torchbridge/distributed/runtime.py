@@ -87,7 +87,8 @@ def _start_group(spec: str, launch: LaunchEnvironment | None,
     kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     try:
         if launch is None:  # one process: an in-memory store, no network, no port
-            dist.init_process_group(spec, store=dist.HashStore(), rank=0, world_size=1,
+            dist.init_process_group(spec, store=dist.HashStore(),  # type: ignore[attr-defined]
+                                    rank=0, world_size=1,
                                     **kwargs)
         else:  # torchrun's rendezvous: MASTER_ADDR / MASTER_PORT (or its agent store)
             dist.init_process_group(spec, init_method="env://", rank=launch.rank,

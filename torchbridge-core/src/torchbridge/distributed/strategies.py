@@ -70,7 +70,9 @@ def fully_shard_function() -> Callable[..., Any] | None:
         from torch.distributed.fsdp import fully_shard
     except ImportError:
         try:
-            from torch.distributed._composable.fsdp import fully_shard  # torch 2.4, 2.5
+            from torch.distributed._composable.fsdp import (  # type: ignore[attr-defined]
+                fully_shard,  # torch 2.4, 2.5
+            )
         except ImportError:
             return None
     return fully_shard  # type: ignore[no-any-return]

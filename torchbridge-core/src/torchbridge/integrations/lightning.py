@@ -157,7 +157,7 @@ class TorchBridgeAccelerator(Accelerator):  # type: ignore[misc]
             self.setup_device(device)
         precision = trainer.precision_plugin
         if getattr(precision, "device", backend.device.type) != backend.device.type:
-            precision.device = backend.device.type  # MixedPrecision's autocast device
+            precision.device = backend.device.type  # type: ignore[attr-defined]
 
     def teardown(self) -> None:
         try:

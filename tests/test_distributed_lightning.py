@@ -1,0 +1,93 @@
+"""The Lightning accelerator: `Trainer(accelerator="torchbridge")` trains through the backend
+TorchBridge selects; device parsing and memory stats come from the backend. Skipped where
+Lightning is not installed (it is an optional dependency)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torchbridge import DeviceError
+
+L = pytest.importorskip("lightning")
+
+from torchbridge.integrations.lightning import (  # noqa: E402
+    TorchBridgeAccelerator,
+    parse_device_indices,
+)
+
+
+class Regressor(L.LightningModule):  # type: ignore[misc, name-defined]
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int
+                      ) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_trainer_runs_on_the_torchbridge_accelerator() -> None:
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    module = Regressor()
+    before = module.net.weight.detach().clone()
+    trainer = L.Trainer(accelerator="torchbridge", devices=1, fast_dev_run=2, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+    assert isinstance(trainer.accelerator, TorchBridgeAccelerator)
+    assert trainer.global_step == 2
+    assert not torch.equal(module.net.weight.detach(), before)  # it really trained
+    assert trainer.strategy.root_device == torch.device("cpu")
+
+
+def test_registered_under_torchbridge() -> None:
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    assert "torchbridge" in AcceleratorRegistry.available_accelerators()
+    assert isinstance(AcceleratorRegistry.get("torchbridge"), TorchBridgeAccelerator)
+
+
+def test_device_parsing_follows_the_backend_device_count() -> None:
+    example = TorchBridgeAccelerator.for_backend("example")  # a third-party, two devices
+    assert example.auto_device_count() == 2
+    assert example.parse_devices(-1) == [0, 1]
+    assert example.parse_devices("1") == [0]
+    assert example.parse_devices([1]) == [1]
+    assert example.parse_devices("0,1") == [0, 1]
+    assert example.get_parallel_devices([0, 1]) == [torch.device("cpu")] * 2
+    with pytest.raises(DeviceError, match="the backend has 2 cuda device"):
+        parse_device_indices(3, 2, "cuda")
+    with pytest.raises(DeviceError, match="no device 2"):
+        parse_device_indices([0, 2], 2, "cuda")
+    with pytest.raises(DeviceError, match="names a device twice"):
+        parse_device_indices([1, 1], 2, "cuda")
+    with pytest.raises(DeviceError, match="at least one device"):
+        parse_device_indices(0, 2, "cuda")
+    with pytest.raises(DeviceError, match="expected a count"):
+        parse_device_indices("two", 2, "cuda")
+    # The host CPU runs N processes, as Lightning's CPU accelerator allows.
+    assert parse_device_indices(3, 1, "cpu") == [0, 0, 0]
+
+
+def test_unknown_backend_is_unavailable_not_an_exception() -> None:
+    assert TorchBridgeAccelerator.for_backend("nosuch").is_available() is False
+    assert TorchBridgeAccelerator.is_available() is True
+
+
+def test_device_stats_are_the_backend_memory_stats_in_bytes() -> None:
+    import torchbridge
+
+    stats = TorchBridgeAccelerator().get_device_stats(torch.device("cpu"))
+    expected = torchbridge.get_backend().get_memory_stats()
+    assert stats["total_bytes"] == expected.total_bytes
+    assert "allocated_bytes" not in stats  # unknowable on the CPU: left out, not 0
+    example = TorchBridgeAccelerator.for_backend("example")()
+    pretend = torchbridge.get_backend("example").get_memory_stats()
+    assert example.get_device_stats("cpu") == {"free_bytes": pretend.free_bytes,
+                                                "total_bytes": pretend.total_bytes}

@@ -4,6 +4,11 @@ Lightning is not installed (it is an optional dependency)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -91,3 +96,42 @@ def test_device_stats_are_the_backend_memory_stats_in_bytes() -> None:
     pretend = torchbridge.get_backend("example").get_memory_stats()
     assert example.get_device_stats("cpu") == {"free_bytes": pretend.free_bytes,
                                                 "total_bytes": pretend.total_bytes}
+
+
+LIGHTNING_SCRIPT = """
+import sys
+import lightning as L
+import torch
+import torchbridge.integrations.lightning  # registers "torchbridge"
+sys.path.insert(0, {tests!r})
+from test_distributed_lightning import Regressor
+
+torch.manual_seed(0)
+module = Regressor()
+g = torch.Generator().manual_seed(1)
+data = torch.utils.data.TensorDataset(torch.randn(16, 4, generator=g),
+                                      torch.randn(16, 1, generator=g))
+trainer = L.Trainer(accelerator="torchbridge", devices=2, strategy="ddp", max_steps=3,
+                    logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False)
+trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+torch.save({{"world": trainer.world_size, "weight": module.net.weight.detach()}},
+           f"rank{{trainer.global_rank}}.pt")
+"""
+
+
+@pytest.mark.slow
+def test_lightning_ddp_on_two_ranks_under_torchbridge_launch(tmp_path: Path) -> None:
+    script = tmp_path / "fit.py"
+    script.write_text(LIGHTNING_SCRIPT.format(tests=str(Path(__file__).parent)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBRIDGE_")}
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run([sys.executable, "-m", "torchbridge", "launch", "--standalone",
+                           "--nproc-per-node", "2", str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert rank0["world"] == rank1["world"] == 2
+    assert torch.equal(rank0["weight"], rank1["weight"])  # gradients were all-reduced
+    torch.manual_seed(0)
+    assert not torch.equal(rank0["weight"], Regressor().net.weight.detach())

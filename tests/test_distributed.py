@@ -107,6 +107,18 @@ def test_missing_or_inconsistent_launcher_env_is_a_clear_error(
     assert not dist.is_initialized() and tbd.current_context() is None  # nothing half-done
 
 
+def test_a_process_group_started_elsewhere_is_adopted_and_left_alone() -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ctx = tbd.initialize()
+        assert not ctx.owns_group and ctx.world_size == 1 and ctx.process_group_backend \
+            == "gloo"
+        tbd.destroy()
+        assert dist.is_initialized()  # not ours to destroy
+    finally:
+        dist.destroy_process_group()
+
+
 def test_no_launcher_variables_means_no_launcher() -> None:
     assert read_launch_env({"MASTER_ADDR": "x", "MASTER_PORT": "1"}) is None
 

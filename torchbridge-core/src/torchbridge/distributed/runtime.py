@@ -39,8 +39,7 @@ def _rank_backend(backend: Backend | str | None, local_rank: int) -> Backend:
     """The backend on this rank's device: local rank modulo the backend's device count."""
     chosen = backend if isinstance(backend, Backend) else get_backend(backend)
     index = local_rank % max(chosen.device_count, 1)
-    if chosen.device_at(index) == chosen.device and chosen.hook_device() \
-            == chosen.hook_device(index):
+    if chosen.hook_device() == chosen.hook_device(index):
         return chosen
     return get_backend(f"{chosen.name}:{index}", config=chosen.config)
 

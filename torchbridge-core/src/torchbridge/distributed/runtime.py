@@ -68,7 +68,7 @@ def process_group_spec(pg_backend: str, device_type: str) -> tuple[str, str | No
             f"torch.distributed knows no process-group backend {pg_backend!r}; the plugin "
             "that names it must register it (dist.Backend.register_backend) before "
             f"answering (known: {', '.join(sorted(dist.Backend.backend_capability))})")
-    if device_type not in capability and not (device_type == "cpu" and "cpu" in capability):
+    if device_type not in capability:
         logger.warning("process-group backend %s lists devices %s, not %s", pg_backend,
                        capability, device_type)
     if "cpu" in capability:

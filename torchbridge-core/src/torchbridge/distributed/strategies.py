@@ -6,11 +6,15 @@ doesn't handle distributed wrapper modules like DDP or FSDP very well, so consid
 torch.compile to the inner module passed to the wrapper" (torch.compile docs, "Where to
 apply torch.compile?"); with DDP outside, dynamo still sees the active DDP module and splits
 the compiled graph at DDP's bucket boundaries (DDPOptimizer), so gradient all-reduce
-overlaps the backward. For FSDP2, `fully_shard` goes onto the user's module (and its
-repeated blocks) inside the compile and autocast wrappers; dynamo skips FSDP's hooks
-(`torch._dynamo.config.skip_fsdp_hooks`), so the all-gathers run eagerly around compiled
-regions. Autocast stays inside: FSDP all-gathers float32 parameters and the ops compute in
-the autocast dtype, as without FSDP.
+overlaps the backward. FSDP2 shards the parameters of the modules it is given, in place,
+so `fully_shard` goes onto the user's module and its repeated blocks, which sit inside the
+compile and autocast wrappers. FSDP2's hooks are excluded from dynamo's tracing
+(`torch._dynamo.disable` around them: always in torch 2.13; under
+`torch._dynamo.config.skip_fsdp_hooks`, on by default, before), so the compiled model breaks
+its graph at each sharded block and the all-gathers and reduce-scatters run eagerly between
+compiled regions: the effect torchtitan gets by compiling each block, then sharding it.
+Autocast stays inside: FSDP gathers float32 parameters and the ops compute in the autocast
+dtype, as without FSDP.
 """
 
 from __future__ import annotations

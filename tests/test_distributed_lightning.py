@@ -51,6 +51,30 @@ def test_trainer_runs_on_the_torchbridge_accelerator() -> None:
     assert trainer.strategy.root_device == torch.device("cpu")
 
 
+class DtypeRecorder(Regressor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.dtype] = []
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int
+                      ) -> torch.Tensor:
+        self.seen.append(self.net(batch[0]).dtype)
+        return super().training_step(batch, index)
+
+
+def test_mixed_precision_autocasts_on_the_backend_device() -> None:
+    # Lightning autocasts mixed precision on "cuda" for an accelerator it does not know;
+    # on this CPU that would silently compute in float32.
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+    module = DtypeRecorder()
+    trainer = L.Trainer(accelerator="torchbridge", devices=1, fast_dev_run=1,
+                        precision="bf16-mixed", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+    assert trainer.precision_plugin.device == "cpu"
+    assert module.seen == [torch.bfloat16]
+
+
 def test_registered_under_torchbridge() -> None:
     from lightning.pytorch.accelerators import AcceleratorRegistry
 

@@ -159,10 +159,12 @@ def prepare_distributed(backend: Backend, model: nn.Module, level: Any, strategy
         raise DistributedError(f"prepare_model(distributed={name!r}) needs the process group: "
                                "call torchbridge.distributed.initialize() first (it also runs "
                                "without torchrun, as one process)")
-    if backend.name != context.backend.name or backend.device != context.device:
+    if backend.name != context.backend.name \
+            or backend.hook_device() != context.backend.hook_device():
         raise DistributedError(
-            f"this rank's device is {context.device} on backend {context.backend.name!r}, "
-            f"but the model is being prepared for {backend.device} on {backend.name!r}; "
+            f"this rank's device is {context.backend.hook_device()} on backend "
+            f"{context.backend.name!r}, but the model is being prepared for "
+            f"{backend.hook_device()} on {backend.name!r}; "
             "prepare it through the context's backend: ctx.backend.prepare_model(...)")
     reason = unsupported_reason(name, context)
     if reason is not None:

@@ -18,6 +18,7 @@ from torchbridge.errors import (
     CheckpointError,
     ConfigurationError,
     DeviceError,
+    DistributedError,
     KernelCompilationError,
     KernelError,
     KernelLaunchError,
@@ -84,7 +85,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Backend", "BackendStatus", "BackendUnavailableError", "CheckpointError",
     "ConfigSection", "ConfigurationError", "Detection",
-    "DeviceError", "DeviceInfo", "KernelCompilationError", "KernelError",
+    "DeviceError", "DeviceInfo", "DistributedError", "KernelCompilationError", "KernelError",
     "KernelImplementation", "KernelLaunchError", "ModulePattern", "OpDefinition", "MemoryStats",
     "ModelOptimizationError", "OptimizationLevel", "OptimizationPass", "OptimizationResult",
     "OutOfMemoryError", "PassContext", "PluginError", "TorchBridgeConfig", "TorchBridgeError",

@@ -196,7 +196,8 @@ class Backend:
         return f"answered by the core's {who.split()[0]} fallback, not by plugin {self.plugin}"
 
     # -- description and memory -----------------------------------------------------------
-    def get_device_info(self, index: int = 0) -> DeviceInfo:
+    def get_device_info(self, index: int | None = None) -> DeviceInfo:
+        """This backend's device (get_backend("cuda:1"): device 1), or device `index`."""
         info, who = self.call_device_hook("torchbridge_device_info", index)
         if info is None:
             raise DeviceError(self._unanswered("torchbridge_device_info", index))
@@ -310,8 +311,20 @@ class Backend:
                             inplace=inplace, strict=strict)
 
     def prepare_model(self, model: nn.Module, level: Any = None, *, sample_input: Any = None,
-                      inplace: bool = False, strict: bool | None = None) -> nn.Module:
-        """The prepared model. Its report: `torchbridge.optimization_result(prepared)`."""
+                      inplace: bool = False, strict: bool | None = None,
+                      distributed: str | None = None) -> nn.Module:
+        """The prepared model. Its report: `torchbridge.optimization_result(prepared)`.
+
+        `distributed="ddp"` or `"fsdp"` (after `torchbridge.distributed.initialize()`) wraps
+        the prepared model in DistributedDataParallel or FSDP2, outside the level's passes
+        (torchbridge.distributed.strategies says why in that order); an unsupported strategy
+        is a DistributedError with the reason."""
+        if distributed is not None:
+            from torchbridge.distributed.strategies import prepare_distributed
+
+            return prepare_distributed(self, model, level, distributed,
+                                       sample_input=sample_input, inplace=inplace,
+                                       strict=strict)
         return self.optimize(model, level, sample_input=sample_input, inplace=inplace,
                              strict=strict).model
 

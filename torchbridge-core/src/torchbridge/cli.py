@@ -93,6 +93,29 @@ def _validate(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def _launch(args: argparse.Namespace) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from torchbridge.distributed.launch import launch
+
+    try:
+        launch(args.torchrun_args)
+    except ChildFailedError as exc:  # the workers' tracebacks are already on stderr
+        print(exc.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
+        return 1
+    return 0
+
+
+def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    # Every argument goes to the launcher unparsed: torchrun's own options (rendezvous,
+    # nodes, restarts) pass through unchanged, and torchrun's parser checks them.
+    launch = sub.add_parser("launch", prefix_chars="+", add_help=False,
+                            help="start a training script on N processes per node (torchrun "
+                            "underneath); --nproc-per-node auto: the backend's device count")
+    launch.add_argument("torchrun_args", nargs=argparse.REMAINDER)
+    launch.set_defaults(func=_launch)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="torchbridge", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -123,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--batch", type=int, default=4)
     val.add_argument("--json", action="store_true")
     val.set_defaults(func=_validate)
+    _add_launch(sub)
     return parser
 
 

@@ -63,3 +63,9 @@ class PluginError(TorchBridgeError):
 
 class CheckpointError(TorchBridgeError):
     """A checkpoint could not be saved or loaded; names the file and what is wrong with it."""
+
+
+class DistributedError(TorchBridgeError):
+    """Distributed setup or a distributed strategy failed: a launcher environment that is
+    missing or inconsistent, no process-group backend for a device, a strategy the device
+    or this torch cannot run. Names the variable, backend or strategy, and the fix."""

@@ -146,7 +146,12 @@ def torchbridge_synchronize(backend_name: str, device: torch.device, backend: Ba
 def torchbridge_distributed_backend(backend_name: str, device: torch.device, backend: Backend
                                     ) -> str | None:
     """The torch.distributed backend for `device`, e.g. "nccl", "gloo", "xccl" (owner's
-    answer; the "generic" fallback answers from torch's own table). None: not yours."""
+    answer; the "generic" fallback answers from torch's own table). None: not yours.
+
+    `torchbridge.distributed.initialize()` starts the process group with it, so it must be
+    registered with torch.distributed when you return it (import the module that registers
+    it, or `dist.Backend.register_backend(name, factory, devices=[...])`); where its
+    registered devices exclude "cpu", gloo is added for CPU tensors."""
 
 
 @hookspec

@@ -116,7 +116,13 @@ def torchbridge_synchronize(backend_name: str, device: torch.device) -> bool | N
 
 @hookimpl
 def torchbridge_distributed_backend(backend_name: str, device: torch.device) -> str | None:
-    return "xla" if _mine(backend_name, device) else None
+    if not _mine(backend_name, device):
+        return None
+    # torch_xla registers the "xla" process-group backend with torch.distributed when this
+    # module is imported; torchbridge.distributed.initialize() needs it registered.
+    import torch_xla.distributed.xla_backend  # noqa: F401
+
+    return "xla"
 
 
 @hookimpl

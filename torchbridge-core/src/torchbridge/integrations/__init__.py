@@ -1,0 +1,2 @@
+"""Integrations with other frameworks; each is an optional dependency, imported on demand
+(`import torchbridge.integrations.lightning`)."""

@@ -66,9 +66,7 @@ def _tf32_check(model: nn.Module, ctx: PassContext) -> str | None:
 
 
 def _tf32(model: nn.Module, ctx: PassContext) -> nn.Module:
-    # XPU matmuls and convolutions take TF32 from the oneDNN flag (pytorch#137570 for conv,
-    # #144240 for matmul), not from torch.backends.cuda.
-    torch.backends.mkldnn.allow_tf32 = True  # type: ignore[assignment]  # a ContextProp
+    probe.enable_tf32()
     ctx.notes.append("tf32: float32 matmuls and convolutions on XPU may use TF32 "
                      "(torch.backends.mkldnn.allow_tf32, process-wide: oneDNN on the CPU "
                      "reads it too)")

@@ -149,6 +149,12 @@ def telemetry(index: int) -> dict[str, float | None]:
     return found
 
 
+def enable_tf32() -> None:
+    """Let float32 matmuls and convolutions on XPU use TF32. They read the oneDNN flag
+    (pytorch#137570 for convolutions, #144240 for matmuls), not torch.backends.cuda's."""
+    torch.backends.mkldnn.allow_tf32 = True  # type: ignore[assignment]  # a ContextProp
+
+
 def synchronize(index: int) -> None:
     torch.xpu.synchronize(index)
 

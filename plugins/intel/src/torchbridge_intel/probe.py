@@ -230,7 +230,9 @@ def ipex_status() -> IPEXStatus:
 def triton_xpu_status() -> tuple[bool, str]:
     """(usable, why): inductor generates Triton kernels for XPU, which needs a Triton with
     Intel's backend (the pytorch-triton-xpu wheel, installed beside XPU builds of torch).
-    Looked up on disk, without importing Triton."""
+    Triton finds backends as directories triton/backends/<name> (with compiler.py and
+    driver.py) or, in newer releases, through "triton.backends" entry points; both are
+    looked up here without importing Triton."""
     spec = importlib.util.find_spec("triton")
     if spec is None or not spec.submodule_search_locations:
         return False, ("Triton is not installed; inductor on XPU needs pytorch-triton-xpu "
@@ -238,5 +240,7 @@ def triton_xpu_status() -> tuple[bool, str]:
     for location in spec.submodule_search_locations:
         if os.path.isdir(os.path.join(location, "backends", "intel")):
             return True, "Triton with the Intel XPU backend is installed"
+    if any(ep.name == "intel" for ep in importlib.metadata.entry_points(group="triton.backends")):
+        return True, "Triton with the Intel XPU backend (entry point) is installed"
     return False, ("the installed Triton has no Intel XPU backend (triton/backends/intel); "
                    "inductor on XPU needs pytorch-triton-xpu")

@@ -178,7 +178,7 @@ def test_architecture_ids_decode_to_ip_versions() -> None:
     assert ip_version(0x0000000501000400) == (20, 4, 4)
     assert ip_version(0x0000000780000400) == (30, 0, 4)
     for not_an_intel_gpu in (0x0100000000009000, 0x0300000000000800, 0x9900000000000000,
-                             None, -1):
+                             0x030DC008, None, -1):
         assert ip_version(not_an_intel_gpu) is None
 
 

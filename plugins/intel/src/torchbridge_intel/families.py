@@ -107,11 +107,11 @@ class Identification:
 def ip_version(architecture: int | None) -> tuple[int, int, int] | None:
     """(major, minor, revision) from a SYCL architecture id; None for ids that are not an
     Intel GPU's (family byte 0x03 is Intel CPUs, 0x01 NVIDIA, 0x02 AMD, 0x99 unknown)."""
-    if architecture is None or architecture < 0 or architecture >> 56 != 0x00:
+    # Below 2**32 is no Intel GPU in this format (their GMD IDs start at 8.0.0 << 8); a
+    # value there is not decoded rather than read as some other layout.
+    if architecture is None or architecture < 1 << 32 or architecture >> 56 != 0x00:
         return None
     gmdid = (architecture >> 8) & 0xFFFFFFFF
-    if gmdid == 0:
-        return None
     return gmdid >> 22, (gmdid >> 14) & 0xFF, gmdid & 0x3F
 
 

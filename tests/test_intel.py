@@ -187,7 +187,11 @@ def test_xmx_reported_absent_on_an_xmx_family_is_flagged_not_overruled(
     """pytorch#196074: on a B580 without a loadable libocloc every capability flag reads
     False. The policy follows what torch reports (no bf16) and the description says why."""
     fake = FakeXPUs(monkeypatch, "Arc B580")
-    fake.replace(has_bfloat16_conversions=False, has_subgroup_matrix_multiply_accumulate=False)
+    fake.replace(has_subgroup_matrix_multiply_accumulate=False)  # bf16 converts, no XMX
+    info = torchbridge.get_backend("xpu").get_device_info()
+    assert info.preferred_low_precision_dtype == "float16"
+    assert "bfloat16" in info.supported_dtypes
+    fake.replace(has_bfloat16_conversions=False)
     info = torchbridge.get_backend("xpu").get_device_info()
     assert info.architecture == "battlemage"
     assert info.preferred_low_precision_dtype == "float16"

@@ -6,6 +6,8 @@ torch is pinned: an unpinned `torch` pulls a multi-GB CUDA build; 2.13.0 is the 
 
 from __future__ import annotations
 
+import os
+
 import nox
 
 nox.options.sessions = ["tests"]
@@ -66,8 +68,11 @@ def tests_kernels(session: nox.Session) -> None:
 @nox.session
 def tests_gpu(session: nox.Session) -> None:
     """On a GPU machine: the tests marked cuda/rocm/xpu. torch is left unpinned here on
-    purpose so that pip picks the accelerator build for this machine."""
-    session.install("torch", "numpy")
+    purpose so that pip picks the accelerator build for this machine; XPU and ROCm builds
+    live on their own index: TORCH_INDEX_URL=https://download.pytorch.org/whl/xpu."""
+    index = os.environ.get("TORCH_INDEX_URL")
+    session.install("torch", *(["--index-url", index] if index else []))
+    session.install("numpy")
     session.install(*PACKAGES, "./tests/example_plugin", "./tests/misbehaving_plugins",
                     "./tests/misbehaving_twin", "pytest", *TEST_EXTRAS)
     session.run("pytest", "-m", "cuda or rocm or xpu", *session.posargs)

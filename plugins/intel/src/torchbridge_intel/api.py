@@ -1,7 +1,76 @@
 """Public API, re-exported as `torchbridge.backends.intel`."""
 
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torchbridge.backend import Backend
 from torchbridge.backends import named_backend_class
+from torchbridge.errors import BackendUnavailableError
+from torchbridge.optimize.report import OptimizationResult
 
-IntelBackend = named_backend_class("xpu", "IntelBackend")
+from torchbridge_intel.config import IntelConfig
+from torchbridge_intel.devices import XPUDeviceManager
+from torchbridge_intel.errors import (
+    IntelBackendError,
+    IPEXUnavailableError,
+    OutOfMemoryError,
+    UnsupportedDtypeError,
+    XPUDeviceError,
+    XPUNotAvailableError,
+)
+from torchbridge_intel.families import IntelFamily
+from torchbridge_intel.memory import IntelMemoryManager
+from torchbridge_intel.policy import PrecisionPolicy, precision_policy
 
-__all__ = ["IntelBackend"]
+_GenericXPUBackend = named_backend_class("xpu", "IntelBackend")
+
+
+class IntelBackend(_GenericXPUBackend):  # type: ignore[misc, valid-type]
+    """The xpu backend: `IntelBackend()`, `IntelBackend(config)`,
+    `IntelBackend(optimization_level="O3", device_id=1)`. Raises XPUNotAvailableError
+    (a BackendUnavailableError) without a usable Intel GPU. Runs on stock torch.xpu;
+    intel-extension-for-pytorch is optional."""
+
+    def __init__(self, config: Any = None, *, optimization_level: Any = None,
+                 device_id: int = 0) -> None:
+        try:
+            super().__init__(config, optimization_level=optimization_level,
+                             device_id=device_id)
+        except BackendUnavailableError as exc:
+            raise XPUNotAvailableError(str(exc), backend="xpu") from None
+
+    @property
+    def family(self) -> str | None:
+        """"ponte_vecchio", "alchemist", "battlemage", ... or "unknown"."""
+        family: str | None = self.get_device_info().architecture
+        return family
+
+    @property
+    def supports_fp64(self) -> bool | None:
+        """False on devices without float64 (Arc A-series); None where torch does not say."""
+        fp64: bool | None = self.get_device_info().extra.get("fp64")
+        return fp64
+
+
+class IntelOptimizer:
+    """`IntelOptimizer(config).optimize(model, optimization_level="balanced")`: the core's
+    pipeline on the xpu backend; `result.optimizations_applied` lists what really ran."""
+
+    def __init__(self, config: Any = None, backend: Backend | None = None) -> None:
+        self.backend = backend if backend is not None else IntelBackend(config)
+
+    def optimize(self, model: nn.Module, optimization_level: Any = None,
+                 sample_input: Any = None, measure: bool = False, **kwargs: Any
+                 ) -> OptimizationResult:
+        return self.backend.optimize(model, optimization_level, sample_input=sample_input,
+                                     measure=measure, **kwargs)
+
+
+__all__ = [
+    "IPEXUnavailableError", "IntelBackend", "IntelBackendError", "IntelConfig",
+    "IntelFamily", "IntelMemoryManager", "IntelOptimizer", "OutOfMemoryError",
+    "PrecisionPolicy", "UnsupportedDtypeError", "XPUDeviceError", "XPUDeviceManager",
+    "XPUNotAvailableError", "precision_policy",
+]

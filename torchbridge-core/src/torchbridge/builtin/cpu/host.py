@@ -9,17 +9,27 @@ import platform
 import torch
 
 
+def _canonical(flag: str) -> str:
+    """One name per feature: /proc/cpuinfo writes "avx512f", "avx512bw", torch's
+    get_capabilities "avx512_f", "avx512_bw"; both become the latter."""
+    flag = flag.lower()
+    if flag.startswith("avx512") and not flag.startswith("avx512_"):
+        return "avx512_" + flag[len("avx512"):]
+    return flag
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (lower case), from torch when it can tell, else /proc/cpuinfo."""
+    """The CPU's feature flags (lower case, torch's names), from torch when it can tell, else
+    /proc/cpuinfo."""
     get_capabilities = getattr(torch.cpu, "get_capabilities", None)  # torch >= 2.8
     if get_capabilities is not None:
-        return frozenset(k for k, v in get_capabilities().items() if v is True)
+        return frozenset(_canonical(k) for k, v in get_capabilities().items() if v is True)
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                    return frozenset(_canonical(flag) for flag in line.split(":", 1)[1].split())
     except OSError:
         pass
     return frozenset()
@@ -28,8 +38,27 @@ def cpu_flags() -> frozenset[str]:
 def has_native_bf16() -> bool:
     """bf16 arithmetic in hardware (AVX512-BF16 or AMX-BF16). Without it bf16 is emulated
     and slower than float32, so autocast to bf16 would be a pessimization."""
+    return bf16_unit() is not None
+
+
+def matrix_features() -> dict[str, list[str]]:
+    """The matrix and vector extensions the policy cares about, by family: "amx" (Intel
+    Advanced Matrix Extensions: bf16, int8, fp16 tiles; usable only with amx_tile) and
+    "avx512" (its subsets: f, bw, vnni, bf16, fp16, ...)."""
     flags = cpu_flags()
-    return bool({"avx512_bf16", "amx_bf16"} & flags)
+    amx = sorted(f.removeprefix("amx_") for f in flags
+                 if f.startswith("amx_") and f != "amx_tile") if "amx_tile" in flags else []
+    avx512 = sorted(f.removeprefix("avx512_") for f in flags if f.startswith("avx512_"))
+    return {"amx": amx, "avx512": avx512}
+
+
+def bf16_unit() -> str | None:
+    """What computes bf16 matmuls natively: "amx_bf16" (tiles), "avx512_bf16" (vector dot
+    products), or None (emulated)."""
+    flags = cpu_flags()
+    if {"amx_tile", "amx_bf16"} <= flags:
+        return "amx_bf16"
+    return "avx512_bf16" if "avx512_bf16" in flags else None
 
 
 _VENDORS = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD", "HygonGenuine": "Hygon"}

@@ -45,7 +45,9 @@ def torchbridge_device_info(backend_name: str, device: torch.device) -> DeviceIn
     if not _mine(device):
         return None
     available, total = host.host_memory()
-    bf16 = host.has_native_bf16()
+    flags = host.cpu_flags()
+    unit = host.bf16_unit()
+    features = host.matrix_features()
     return DeviceInfo(
         name=host.cpu_name(),
         backend=backend_name,
@@ -55,10 +57,17 @@ def torchbridge_device_info(backend_name: str, device: torch.device) -> DeviceIn
         supported_dtypes=["float32", "float64", "bfloat16", "float16"],
         vendor=host.cpu_vendor(),
         architecture=platform.machine() or None,
-        preferred_low_precision_dtype="bfloat16" if bf16 else None,
+        # The policy: bf16 autocast only where hardware computes bf16 (AMX-BF16 tiles or
+        # AVX512-BF16); emulated bf16 is slower than float32.
+        preferred_low_precision_dtype="bfloat16" if unit else None,
         device=str(device),
-        extra={"threads": torch.get_num_threads(), "native_bf16": bf16,
-               "native_fp16": bool({"avx512_fp16", "amx_fp16"} & host.cpu_flags())},
+        extra={"threads": torch.get_num_threads(), "native_bf16": unit is not None,
+               "bf16_unit": unit,
+               "native_fp16": bool({"avx512_fp16", "amx_fp16"} & flags),
+               "native_int8": bool({"amx_int8", "avx512_vnni", "avx_vnni"} & flags),
+               "amx": features["amx"], "avx512": features["avx512"]},
+        notes=None if unit else "no AMX-BF16 or AVX512-BF16: bf16 would be emulated, "
+                                "so O2+ stays in float32",
     )
 
 

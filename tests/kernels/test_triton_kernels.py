@@ -323,11 +323,13 @@ def test_a_declined_call_raises_with_the_reason(device: str) -> None:
         silu_mul_forward(torch.ones(3, device=device), torch.ones(4, device=device))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-without-interpreter case")
 def test_cpu_tensors_are_declined_without_the_interpreter(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from torchbridge.kernels.triton import _launch
+
+    monkeypatch.setattr(_launch, "INTERPRETED", False)
     declined(rms_norm_problem(torch.ones(2, 8)), "TRITON_INTERPRET=1")
+    declined(rms_norm_problem(torch.ones(2, 8, device="meta")), "no backend for meta")
 
 
 def test_the_registry_names_every_op_with_its_functions() -> None:

@@ -15,17 +15,17 @@ import triton
 from torchbridge.errors import KernelError
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# One program holds a whole row in registers; past this many elements a row spills so far
-# that the kernel stops paying (Liger-Kernel caps its fused row kernels at the same figure).
+# One program holds a whole row in registers, so wide rows spill; Liger-Kernel's row kernels
+# refuse rows past the same figure.
 MAX_BLOCK = 65536
 # Devices Triton compiles for (ROCm tensors are "cuda" tensors; "xpu" needs Intel's Triton).
 GPU_DEVICE_TYPES = ("cuda", "xpu")
 
 
-def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter. Triton reads the variable when a
-    kernel is decorated, so it must be set before this package is imported."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+# Whether this package's kernels run in Triton's CPU interpreter. Triton reads the variable
+# when a kernel is decorated, which happens right after this module is imported, so what
+# counts is its value then, not at the call.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def device_problem(*tensors: torch.Tensor) -> str | None:
@@ -35,7 +35,7 @@ def device_problem(*tensors: torch.Tensor) -> str | None:
         return f"tensors on different devices: {sorted(map(str, devices))}"
     device = tensors[0].device
     if device.type == "cpu":
-        return None if interpreting() else \
+        return None if INTERPRETED else \
             "CPU tensors run only under Triton's interpreter (TRITON_INTERPRET=1)"
     if device.type not in GPU_DEVICE_TYPES:
         return f"Triton has no backend for {device.type} tensors"
@@ -94,8 +94,9 @@ def on_device(tensor: torch.Tensor) -> Iterator[None]:
 
 
 # (Triton dtype, value of the kernel's constexpr flag) per ahead-of-time compile: both flag
-# values in bfloat16 (the dtype compilers trip on), the main one in float32. float16 takes
-# bfloat16's code path; leaving it out keeps the check to seconds.
+# values in bfloat16 (the dtype compilers trip on), the main one in float32. float16 differs
+# from those only in the conversions at loads and stores; leaving it out keeps the check to
+# seconds.
 AOT_VARIANTS = (("bf16", True), ("bf16", False), ("fp32", True))
 AOT_DTYPES = ("bf16", "fp32")
 

@@ -383,11 +383,13 @@ def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext
 
     captured: dict[int, tuple[Any, ...]] = {}
 
-    def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if kwargs or not args:  # patterns take positional inputs; else synthetic ones
+            return
         captured.setdefault(id(module), tuple(
             a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args))
 
-    handles = [m.register_forward_pre_hook(hook) for m in modules]
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
     modes = {m: m.training for m in model.modules()}
     try:
         model.eval()
@@ -461,8 +463,14 @@ def _check(model: nn.Module, ctx: PassContext) -> str | None:
         return "config kernel.enabled is False"
     if not ctx.config.kernel.substitute:
         return "config kernel.substitute is False"
-    if not _matches(model, ctx):
+    matched_ops = sorted({pattern.op for _, _, pattern, _ in _matches(model, ctx)})
+    if not matched_ops:
         return "no module matches a kernel pattern"
+    served = [op for op in matched_ops if choose(op, ctx.backend, training=ctx.training,
+                                                 info=ctx.device_info).eligible]
+    if not served:
+        return (f"no kernel implementation serves {', '.join(matched_ops)} on "
+                f"{ctx.backend.name} (see `torchbridge kernels`)")
     return None
 
 

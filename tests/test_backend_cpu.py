@@ -146,7 +146,14 @@ def test_generic_accelerator_hooks_use_the_device_module(monkeypatch: pytest.Mon
     assert generic.torchbridge_reset_peak_memory_stats("cuda", dev)
     assert generic.torchbridge_synchronize("cuda", dev)
     assert calls == ["empty", "reset", "sync"]
+    import torch.distributed as dist
+
+    # torch's table says nccl for cuda; only a build with NCCL gets that answer.
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
     assert generic.torchbridge_distributed_backend("cuda", dev) == "nccl"
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
+    assert generic.torchbridge_distributed_backend("cuda", dev) is None
+    assert generic.torchbridge_distributed_backend("cpu", torch.device("cpu")) == "gloo"
 
 
 def test_cpu_memory_manager_refuses_more_than_the_host_has() -> None:

@@ -100,8 +100,16 @@ def torchbridge_distributed_backend(backend_name: str, device: torch.device) -> 
 
     if not dist.is_available():
         return None
-    # torch's own table: {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl", ...}
-    return dist.Backend.default_device_backend_map.get(device.type)
+    # torch's own table: {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl", ...}. It names a
+    # backend whether or not this build has it (nccl on a build without NCCL, xccl without
+    # oneCCL): only one that is built in is an answer.
+    name = dist.Backend.default_device_backend_map.get(device.type)
+    built = {"nccl": "is_nccl_available", "xccl": "is_xccl_available",
+             "gloo": "is_gloo_available", "mpi": "is_mpi_available"}
+    check = getattr(dist, built.get(name or "", ""), None)
+    if check is not None and not check():
+        return None
+    return name
 
 
 @hookimpl(trylast=True)

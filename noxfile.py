@@ -6,6 +6,8 @@ torch is pinned: an unpinned `torch` pulls a multi-GB CUDA build; 2.13.0 is the 
 
 from __future__ import annotations
 
+import os
+
 import nox
 
 nox.options.sessions = ["tests"]
@@ -45,8 +47,12 @@ def tests_xla(session: nox.Session) -> None:
 @nox.session
 def tests_gpu(session: nox.Session) -> None:
     """On a GPU machine: the tests marked cuda/rocm/xpu. torch is left unpinned here on
-    purpose so that pip picks the accelerator build for this machine."""
-    session.install("torch", "numpy")
+    purpose so that pip picks the accelerator build for this machine; PyPI's is CUDA's, so
+    on an AMD or Intel GPU name the build's index, e.g.
+    TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm6.4 nox -s tests_gpu."""
+    index = os.environ.get("TORCH_INDEX_URL")
+    session.install("torch", *(["--index-url", index] if index else []))
+    session.install("numpy")
     session.install(*PACKAGES, "./tests/example_plugin", "./tests/misbehaving_plugins",
                     "./tests/misbehaving_twin", "pytest")
     session.run("pytest", "-m", "cuda or rocm or xpu", *session.posargs)

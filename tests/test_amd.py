@@ -5,6 +5,7 @@ Tests that need an AMD GPU are marked `rocm`."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import types
 from collections.abc import Iterator
@@ -94,6 +95,7 @@ def rocm_flags(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]
                         lambda name=None: calls.append(("blas", name)))
     monkeypatch.setattr(torch.backends.cuda, "preferred_rocm_fa_library",
                         lambda name=None: calls.append(("flash", name)))
+    monkeypatch.delenv("HIPBLASLT_ALLOW_TF32", raising=False)
     saved = torch.backends.cuda.matmul.allow_tf32
     yield calls
     torch.backends.cuda.matmul.allow_tf32 = saved
@@ -419,6 +421,7 @@ def test_passes_follow_the_architecture(monkeypatch: pytest.MonkeyPatch, gpu: st
             "torch supports hipblaslt on gfx90a, gfx942, gfx950, gfx1100, gfx1101, gfx1200, "
             f"gfx1201, not {arch}; hipBLAS (torch's default there) stays"))
     assert report["tf32"][0] == ("applied" if tf32 else "skipped")
+    assert (os.environ.get("HIPBLASLT_ALLOW_TF32") == "1") is tf32  # torch's ROCm TF32 gate
     assert report["rocm_flash_attention"][0] == "skipped"
     assert "auto keeps torch's default library (AOTriton)" in report["rocm_flash_attention"][1]
     if fp8:
@@ -554,3 +557,32 @@ def test_on_a_real_amd_gpu_fp8_linear_matches() -> None:
     x = torch.randn(64, 256, device=backend.device)
     with torch.no_grad():
         assert _rel(fp8(x), linear(x)) < FP8_TOLERANCE
+
+
+@pytest.mark.rocm
+def test_on_a_real_amd_gpu_flash_attention_matches_the_preflight() -> None:
+    """The table's flash-attention verdict against what SDPA really does on this GPU."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torchbridge.backends.amd import AMDBackend
+
+    backend = AMDBackend()
+    status = backend.preflight().flash_attention
+    q = torch.randn(2, 4, 128, 64, device=backend.device, dtype=torch.float16)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        if status in ("available", "experimental (enabled)"):
+            out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+            with sdpa_kernel(SDPBackend.MATH):
+                reference = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+            torch.testing.assert_close(out, reference, atol=2e-3, rtol=2e-3)
+        else:
+            with pytest.raises(RuntimeError, match="No available kernel"):
+                torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+
+@pytest.mark.rocm
+def test_on_a_real_amd_gpu_the_blas_pass_sets_the_library() -> None:
+    backend = torchbridge.get_backend("rocm")
+    result = backend.optimize(nn.Linear(64, 64), "O1")
+    status = {p.name: p.status for p in result.passes}["rocm_blas_library"]
+    if status == "applied":
+        assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt

@@ -19,6 +19,7 @@ torch/_inductor/config.py `ck_supported_arch`.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -116,8 +117,13 @@ def _tf32_check(model: nn.Module, ctx: PassContext) -> str | None:
 
 def _tf32(model: nn.Module, ctx: PassContext) -> nn.Module:
     torch.backends.cuda.matmul.allow_tf32 = True
+    # On ROCm torch also asks the environment: TF32 in hipBLASLt is "behind a flag because
+    # the TF32 support is new and only for MI300+" (torch's test_linalg sets it the same way
+    # at run time; Context.cpp reads HIPBLASLT_ALLOW_TF32).
+    os.environ.setdefault("HIPBLASLT_ALLOW_TF32", "1")
     ctx.notes.append("tf32: float32 matmuls use TF32 (XF32) on the matrix cores "
-                     "(process-wide setting)")
+                     "(process-wide: allow_tf32 and HIPBLASLT_ALLOW_TF32="
+                     f"{os.environ['HIPBLASLT_ALLOW_TF32']})")
     return model
 
 

@@ -106,6 +106,7 @@ def rocm_flags(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]
 def test_recorded_devices_get_their_architecture_and_precision(
         monkeypatch: pytest.MonkeyPatch, gpu: str) -> None:
     fake = FakeGPUs(monkeypatch, gpu, count=2)
+    fake.telemetry = {"gpu_utilization_percent": 37.0, "power_watts": 312.0}
     assert torchbridge.detect_best_backend() == "rocm"
     backend = torchbridge.get_backend()
     info = backend.get_device_info(1)
@@ -127,7 +128,8 @@ def test_recorded_devices_get_their_architecture_and_precision(
     assert info.memory_available_gb == pytest.approx(mib / 1024 - 2)
     assert info.device == "cuda:1" and backend.distributed_backend == "nccl"
     assert backend.answered_by["torchbridge_device_info"] == "amd"
-    assert fake.props.gcn_arch_name == gcn
+    telemetry = info.extra["telemetry"]  # every field, None where amdsmi gave nothing
+    assert telemetry == {**dict.fromkeys(probe.TELEMETRY_FIELDS), **fake.telemetry}
 
 
 def test_rdna2_and_cdna1_have_fp16_but_not_bf16(monkeypatch: pytest.MonkeyPatch) -> None:

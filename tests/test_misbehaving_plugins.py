@@ -288,7 +288,7 @@ def test_doctor_json_records(runs: dict[str, dict[str, Any]]) -> None:
         "config_sections", [])
     # mb_kernel answers 42 for every op: skipped, so never listed as providing a kernel
     assert "kernels" not in report["contributions"].get("mb_kernel", {})
-    assert report["contributions"]["example"]["kernels"][0] == "rms_norm on cpu"
+    assert "rms_norm:example_rms_norm on cpu" in report["contributions"]["example"]["kernels"]
 
 
 # -- end to end in process: selection and prepare_model -------------------------------------
@@ -609,7 +609,8 @@ def test_override_answering_the_wrong_type_is_skipped(misbehaving: None) -> None
 def test_kernel_answer_that_is_not_callable(misbehaving: None, op: str) -> None:
     from torchbridge.kernels import REFERENCE_KERNELS
 
-    assert torchbridge.get_kernel(op) is REFERENCE_KERNELS[op]
+    kernel = torchbridge.get_kernel(op)
+    assert kernel.implementation is None and kernel.call is REFERENCE_KERNELS[op]
     record = records()["mb_kernel"]
     assert record.status == "error"
     assert "in torchbridge_kernel: returned 42, which is not callable" in messages(record)
@@ -625,7 +626,7 @@ def test_rms_norm_kernel_answer_that_is_not_callable(
     torchbridge.reload_plugins()
     assert messages(records()["mb_kernel"]) == []
     kernel = torchbridge.get_kernel("rms_norm")
-    assert kernel is REFERENCE_KERNELS["rms_norm"]
+    assert kernel.implementation is None and kernel.call is REFERENCE_KERNELS["rms_norm"]
     x = torch.randn(2, 8)
     assert torch.allclose(kernel(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
     assert messages(records()["mb_kernel"]) == \

@@ -20,6 +20,7 @@ from torchbridge.errors import (
     DeviceError,
     KernelCompilationError,
     KernelError,
+    KernelLaunchError,
     ModelOptimizationError,
     OutOfMemoryError,
     PluginError,
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
     from torchbridge.backend import Backend, get_backend, get_kernel
     from torchbridge.checkpoint import load_checkpoint, save_checkpoint
     from torchbridge.config import ConfigSection, TorchBridgeConfig
+    from torchbridge.kernels.implementations import KernelImplementation
+    from torchbridge.kernels.ops import OpDefinition
+    from torchbridge.optimize.kernel_substitution import ModulePattern
     from torchbridge.optimize.passes import OptimizationPass, PassContext
     from torchbridge.optimize.report import OptimizationResult, optimization_result
     from torchbridge.plugins import register_plugin, reload_plugins, unregister_plugin
@@ -60,6 +64,9 @@ _LAZY = {
     "validate": "torchbridge.validation",
     "list_backends": "torchbridge.selection",
     "detect_best_backend": "torchbridge.selection",
+    "KernelImplementation": "torchbridge.kernels.implementations",
+    "OpDefinition": "torchbridge.kernels.ops",
+    "ModulePattern": "torchbridge.optimize.kernel_substitution",
 }
 
 
@@ -77,7 +84,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Backend", "BackendStatus", "BackendUnavailableError", "CheckpointError",
     "ConfigSection", "ConfigurationError", "Detection",
-    "DeviceError", "DeviceInfo", "KernelCompilationError", "KernelError", "MemoryStats",
+    "DeviceError", "DeviceInfo", "KernelCompilationError", "KernelError",
+    "KernelImplementation", "KernelLaunchError", "ModulePattern", "OpDefinition", "MemoryStats",
     "ModelOptimizationError", "OptimizationLevel", "OptimizationPass", "OptimizationResult",
     "OutOfMemoryError", "PassContext", "PluginError", "TorchBridgeConfig", "TorchBridgeError",
     "detect_best_backend", "get_backend", "get_kernel", "hookimpl", "hookspec",

@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 
 from torchbridge.config import TorchBridgeConfig, hardware_sections
 from torchbridge.errors import BackendUnavailableError, DeviceError
-from torchbridge.kernels import resolve_kernel
+from torchbridge.kernels import compute, resolve_kernel
 from torchbridge.memory import MemoryManager, apply_memory_fraction
 from torchbridge.optimize.pipeline import run_pipeline
 from torchbridge.plugins import exclusive_step, get_plugin_host
@@ -263,10 +263,41 @@ class Backend:
         return resolve_kernel(op, self)
 
     def to_device(self, obj: Any) -> Any:
-        """Move a tensor, a module, or a (nested) list/tuple/dict of tensors to this device."""
-        return pytree.tree_map(
-            lambda leaf: leaf.to(self.device)
-            if isinstance(leaf, (torch.Tensor, torch.nn.Module)) else leaf, obj)
+        """Move a tensor, a NumPy array, a module, or a (nested) list/tuple/dict of them to
+        this device."""
+        def move(leaf: Any) -> Any:
+            if isinstance(leaf, (torch.Tensor, torch.nn.Module)):
+                return leaf.to(self.device)
+            if type(leaf).__module__ == "numpy" and hasattr(leaf, "__array__"):
+                return torch.as_tensor(leaf).to(self.device)
+            return leaf
+
+        return pytree.tree_map(move, obj)
+
+    # -- the PyDotCompute kernel API (torchbridge.kernels.compute) ------------------------
+    def check_available(self) -> bool:
+        return self.is_available
+
+    def allocate(self, shape: Any, dtype: Any = torch.float32) -> torch.Tensor:
+        return compute.allocate(self, shape, dtype)
+
+    def to_host(self, tensor: torch.Tensor) -> Any:
+        """A NumPy copy of `tensor`."""
+        return compute.to_host(tensor)
+
+    def get_memory_info(self) -> tuple[int, int] | None:
+        """(free bytes, total bytes), None where unknowable."""
+        return compute.memory_info(self)
+
+    def compile_kernel(self, func: Any, signature: dict[str, str] | None = None,
+                       **options: Any) -> compute.CompiledKernel:
+        return compute.compile_kernel(self, func, signature, **options)
+
+    def launch_kernel(self, kernel: Any, grid: Any, block: Any, *args: Any) -> None:
+        compute.launch_kernel(self, kernel, grid, block, *args)
+
+    def enable_caching(self, enabled: bool = True) -> Any:
+        return compute.enable_caching(self, enabled)
 
     # -- models ---------------------------------------------------------------------------
     def optimize(self, model: nn.Module, level: Any = None, sample_input: Any = None,
@@ -283,6 +314,21 @@ class Backend:
         """The prepared model. Its report: `torchbridge.optimization_result(prepared)`."""
         return self.optimize(model, level, sample_input=sample_input, inplace=inplace,
                              strict=strict).model
+
+    def prepare_model_with_custom_kernels(self, model: nn.Module, *, sample_input: Any = None,
+                                          inplace: bool = False, strict: bool | None = None
+                                          ) -> nn.Module:
+        """The seeds' name: prepare_model at O3 with kernel substitution forced on, whatever
+        config.kernel and optimization.disabled_passes say."""
+        kernel = self.config.kernel.model_copy(update={"enabled": True, "substitute": True})
+        optimization = self.config.optimization.model_copy(update={"disabled_passes": [
+            p for p in self.config.optimization.disabled_passes
+            if p != "kernel_substitution"]})
+        config = self.config.model_copy(update={"kernel": kernel,
+                                                "optimization": optimization})
+        forced = Backend(self.status, config, index=self._index)
+        return forced.prepare_model(model, "O3", sample_input=sample_input, inplace=inplace,
+                                    strict=strict)
 
 
 def get_backend(name: str | None = None, config: TorchBridgeConfig | None = None) -> Backend:

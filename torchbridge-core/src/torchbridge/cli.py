@@ -41,6 +41,24 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kernels(args: argparse.Namespace) -> int:
+    import logging
+
+    from torchbridge import doctor, get_backend
+    from torchbridge.kernels.choice import kernel_table
+
+    logging.getLogger("torchbridge").setLevel(logging.ERROR)
+    backend = get_backend(args.backend)
+    table = kernel_table(backend, training=args.training)
+    if args.json:
+        print(json.dumps(table, indent=2, default=str))
+    else:
+        mode = "training" if args.training else "inference"
+        print(f"kernels on {backend.name} ({mode}):")
+        print("\n".join(doctor.render_kernels(table)))
+    return 0
+
+
 def _load_model(spec: str, batch: int) -> tuple[object, object]:
     """A reference model name (mlp, convnet, encoder, decoder_lm; small size), or
     "package.module:function" returning (model, sample_input)."""
@@ -87,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--plot", metavar="PATH", help="write a PNG chart (needs matplotlib)")
     bench.set_defaults(func=_bench)
+    ker = sub.add_parser("kernels", help="every op, its implementations, their plugins, "
+                         "and why each is or is not selected here")
+    ker.add_argument("--backend", help="backend name (default: the selected one)")
+    ker.add_argument("--training", action="store_true", help="as for a model in training")
+    ker.add_argument("--json", action="store_true")
+    ker.set_defaults(func=_kernels)
     val = sub.add_parser("validate", help="run a model on several backends and compare "
                          "outputs with the first; exit status 1 on a mismatch")
     val.add_argument("--model", default="mlp", help="mlp, convnet, encoder, decoder_lm, or "

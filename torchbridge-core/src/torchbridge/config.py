@@ -130,6 +130,11 @@ class KernelConfig(ConfigSection):
     enabled: bool = True
     disabled_ops: list[str] = Field(default_factory=list,
                                     description="ops that always use the reference kernel")
+    substitute: bool = Field(default=True, description="at O3, swap modules that compute an "
+                             "op (RMSNorm, SwiGLU MLPs) for ones calling the chosen kernel")
+    cache_dir: str | None = Field(default=None, description="where compiled kernels are "
+                                  "cached (None: $XDG_CACHE_HOME/torchbridge or "
+                                  "~/.cache/torchbridge)")
 
 
 class MemoryConfig(ConfigSection):

@@ -17,7 +17,7 @@ import torch
 import torchbridge
 from torchbridge.backend import DEVICE_HOOKS, Backend, get_backend
 from torchbridge.config import TorchBridgeConfig, hardware_sections
-from torchbridge.kernels import OPS, kernel_answer
+from torchbridge.kernels.choice import choose, kernel_table, known_ops
 from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize.pipeline import collect_passes
 from torchbridge.plugins import describe, is_fatal, plugin_records
@@ -75,10 +75,10 @@ def _contributions(config: TorchBridgeConfig | None, statuses: list[Any]
                 add(plugin, "vetoes", f"{p.name} on {backend.name}: {p.veto_reason}")
             else:
                 add(plugin, "passes", f"{p.name} on {backend.name}")
-        for op in OPS:
-            answered_by, _ = kernel_answer(op, backend)
-            if answered_by is not None:
-                add(answered_by, "kernels", f"{op} on {backend.name}")
+        for op in known_ops():
+            for candidate in choose(op, backend).candidates:
+                add(candidate.provider, "kernels",
+                    f"{op}:{candidate.implementation.name} on {backend.name}")
         for hook in DEVICE_HOOKS:
             for impl, role in backend._answerers(hook):
                 if role == "override":
@@ -106,6 +106,7 @@ def _selected(config: TorchBridgeConfig) -> dict[str, Any]:
     report["memory"] = _safely(lambda: backend.get_memory_stats().to_dict())
     report["distributed_backend"] = _safely(lambda: backend.distributed_backend)
     report["answered_by"] = dict(backend.answered_by)
+    report["kernels"] = _safely(lambda: kernel_table(backend))
     return report
 
 
@@ -198,6 +199,21 @@ def _render_selected(sel: dict[str, Any]) -> list[str]:
     return out
 
 
+def render_kernels(table: Any) -> list[str]:
+    """The kernel table: each op, what runs, and each implementation's verdict."""
+    if isinstance(table, dict):
+        return [f"  error: {table['error']}"]
+    out = []
+    for entry in table:
+        out.append(f"  {entry['op']}: {entry['selected']}")
+        for impl in entry["implementations"]:
+            verdict = "eligible" if impl["eligible"] else f"not selected: {impl['reason']}"
+            out.append(f"    {impl['name']} (plugin {impl['plugin']}; "
+                       f"{', '.join(impl['backends'])}; {', '.join(impl['dtypes'])}; "
+                       f"{'trains' if impl['trains'] else 'inference'}): {verdict}")
+    return out
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as text for pasting into an issue."""
     out = ["## torchbridge doctor", "", "versions:"]
@@ -221,6 +237,9 @@ def render(report: dict[str, Any]) -> str:
             out.append(f"  {plugin}:")
             out += [f"    {kind}: {', '.join(items)}" for kind, items in kinds.items()]
     out += ["", "selected:", *_render_selected(report["selected"])]
+    if "kernels" in report["selected"]:
+        out += ["", "kernels (selected backend, eval mode):",
+                *render_kernels(report["selected"]["kernels"])]
     out += ["", "config:"]
     cfg = report["config"]
     if "error" in cfg:

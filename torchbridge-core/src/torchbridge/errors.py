@@ -49,6 +49,10 @@ class KernelCompilationError(KernelError):
     """A kernel could not be built for this device."""
 
 
+class KernelLaunchError(KernelError):
+    """A kernel failed to launch or run; the message names the kernel."""
+
+
 class ModelOptimizationError(TorchBridgeError):
     """prepare_model/optimize failed (strict mode) or was asked for something invalid."""
 

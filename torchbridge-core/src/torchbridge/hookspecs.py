@@ -53,7 +53,10 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from torchbridge.backend import Backend
+    from torchbridge.kernels.implementations import KernelImplementation
+    from torchbridge.kernels.ops import OpDefinition
     from torchbridge.levels import OptimizationLevel
+    from torchbridge.optimize.kernel_substitution import ModulePattern
     from torchbridge.optimize.passes import OptimizationPass
     from torchbridge.types import Detection, DeviceInfo, MemoryStats
 
@@ -175,10 +178,43 @@ def torchbridge_optimization_passes(
 
 @hookspec(firstresult=True)
 def torchbridge_kernel(op: str, backend_name: str, backend: Backend) -> Callable[..., Any] | None:
-    """The implementation of op `op` on `backend` (first answer wins, every plugin asked).
+    """An implementation of op `op` on `backend`: the first contract, kept working.
 
-    Called by `get_kernel(op, backend)`. The core ships a reference implementation of each
-    op it names (torchbridge.kernels.OPS); a `tryfirst=True` implementation overrides it.
-    The returned callable must take the same arguments as the reference; an answer that is
-    not callable is reported and skipped. None: not yours.
+    Every plugin is asked. A plain callable becomes an implementation for `backend` only,
+    inference-only and opaque to torch.compile (wrapped in an op of its own); it takes the
+    op's arguments (`torchbridge.kernels.ops.schema(op)`). Returning a
+    `KernelImplementation` here works too; new code uses
+    `torchbridge_kernel_implementations`. An answer that is not callable is reported and
+    skipped. None: not yours.
     """
+
+
+@hookspec
+def torchbridge_kernel_implementations(backend: Backend) -> list[KernelImplementation] | None:
+    """Every kernel implementation you offer (all plugins' results collected).
+
+    Return `torchbridge.KernelImplementation`s for any ops (the core's or declared by a
+    plugin): each declares its backends, dtypes, backward (trains or not), least compute
+    capability or architectures, whether torch.compile can trace it, and may decline a
+    call. Selection (`torchbridge.kernels.choice`) picks one per op, use and device;
+    prepare_model's `kernel_substitution` pass uses it only after checking its numbers
+    against the reference on the model's shapes. Malformed entries are your plugin's error
+    and left out. None: nothing.
+    """
+
+
+@hookspec
+def torchbridge_ops() -> list[OpDefinition] | None:
+    """Declare new ops: `torchbridge.OpDefinition(name, reference, schema)` each (all
+    plugins' results collected). Each becomes `torch.ops.torchbridge.<name>` with a fake
+    and autograd derived from the reference; implementations then name it as their op. A
+    name already defined is your plugin's error. None: nothing."""
+
+
+@hookspec
+def torchbridge_module_patterns(backend: Backend) -> list[ModulePattern] | None:
+    """Module patterns for the kernel substitution pass (all plugins' results collected):
+    `torchbridge.ModulePattern` recognises a module by structure, names the op it computes,
+    and gives the forward that calls the op and a synthetic input to check it on. The core
+    ships rms_norm (nn.RMSNorm and Hugging Face-style RMSNorm) and SwiGLU MLPs. None:
+    nothing."""

@@ -35,7 +35,8 @@ BLOCK_ENV = "TORCHBRIDGE_DISABLE_PLUGINS"
 # implementations in registration order, so generic, the last resort, comes after cpu.
 MAX_ERRORS = 20  # distinct errors kept per plugin: a plugin failing in a loop stays readable
 BUILTIN_PLUGINS = {"cpu": "torchbridge.builtin.cpu.plugin",
-                   "generic": "torchbridge.builtin.generic"}
+                   "generic": "torchbridge.builtin.generic",
+                   "triton": "torchbridge.builtin.triton"}
 
 
 @dataclass

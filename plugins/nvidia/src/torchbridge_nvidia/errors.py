@@ -38,7 +38,7 @@ class InvalidComputeCapabilityError(NVIDIABackendError, errors.DeviceError):
     """The device's compute capability is too old for the requested feature."""
 
 
-class KernelLaunchError(NVIDIABackendError, errors.KernelError):
+class KernelLaunchError(NVIDIABackendError, errors.KernelLaunchError):
     """A CUDA kernel failed to launch."""
 
 

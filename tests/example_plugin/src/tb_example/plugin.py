@@ -20,7 +20,29 @@ example_rms_norm.provided_by = "tb_example"  # type: ignore[attr-defined]
 
 @hookimpl(tryfirst=True)
 def torchbridge_kernel(op: str, backend_name: str) -> Any:
+    """The first contract: a plain callable (inference only, opaque to compile)."""
     return example_rms_norm if op == "rms_norm" else None
+
+
+@hookimpl
+def torchbridge_ops() -> list[Any]:
+    from tb_example.kernels import OPS
+
+    return OPS
+
+
+@hookimpl
+def torchbridge_kernel_implementations(backend: Any) -> list[Any] | None:
+    from tb_example.kernels import IMPLEMENTATIONS
+
+    return IMPLEMENTATIONS
+
+
+@hookimpl
+def torchbridge_module_patterns(backend: Any) -> list[Any]:
+    from tb_example.kernels import PATTERNS
+
+    return PATTERNS
 
 
 def _tag(model: torch.nn.Module, ctx: Any) -> torch.nn.Module:

@@ -106,15 +106,9 @@ def torchbridge_distributed_backend(backend_name: str, device: torch.device) -> 
 
 
 @hookimpl(trylast=True)
-def torchbridge_kernel(op: str, backend_name: str) -> Callable[..., Any] | None:
-    from torchbridge.kernels import REFERENCE_KERNELS  # every op's reference, last in line
-
-    return REFERENCE_KERNELS.get(op)
-
-
-@hookimpl(trylast=True)
 def torchbridge_optimization_passes(backend: Backend, level: OptimizationLevel
                                     ) -> list[OptimizationPass]:
     from torchbridge.optimize.core_passes import core_passes
+    from torchbridge.optimize.kernel_substitution import kernel_substitution_pass
 
-    return core_passes()
+    return [*core_passes(), kernel_substitution_pass()]

@@ -167,6 +167,7 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     ctx = PassContext(backend=backend, level=level, config=backend.config,
                       device_info=_device_info(backend, result), training=model.training,
                       sample_input=sample_input)
+    ctx.state["measure"] = measure
     collected = collect_passes(backend, level)
     result.notes.extend(collected.problems)
     if strict and collected.problems:
@@ -202,6 +203,7 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
                                         time.perf_counter() - started))
     result.model = work
     result.notes.extend(ctx.notes)
+    result.kernel_substitutions = ctx.state.get("kernel_substitutions", [])
 
     if sample_input is not None and baseline is not None:
         candidate_out = _forward(work, args)

@@ -36,6 +36,9 @@ class OptimizationResult:
     speedup: float | None = None
     baseline_seconds: float | None = None
     optimized_seconds: float | None = None
+    # One entry per module the kernel_substitution pass looked at: module, pattern, op,
+    # status (substituted or kept), implementation and plugin, detail, rejected (why not).
+    kernel_substitutions: list[dict[str, Any]] = field(default_factory=list)
 
     def _named(self, status: str) -> list[PassRecord]:
         return [p for p in self.passes if p.status == status]
@@ -64,6 +67,7 @@ class OptimizationResult:
             "max_abs_diff": self.max_abs_diff, "max_rel_diff": self.max_rel_diff,
             "speedup": self.speedup, "baseline_seconds": self.baseline_seconds,
             "optimized_seconds": self.optimized_seconds,
+            "kernel_substitutions": self.kernel_substitutions,
         }
 
     def summary(self) -> str:
@@ -71,6 +75,11 @@ class OptimizationResult:
         for p in self.passes:
             lines.append(f"  {p.status:8} {p.name}: {p.detail}")
         lines += [f"  note: {n}" for n in self.notes]
+        for sub in self.kernel_substitutions:
+            how = (f"{sub['implementation']} (plugin {sub['plugin']})"
+                   if sub.get("status") == "substituted" else "kept")
+            lines.append(f"  kernel: {sub['module']} ({sub['pattern']}): {how}: "
+                         f"{sub.get('detail', '')}")
         if self.max_abs_diff is not None:
             lines.append(f"  drift vs O0: max abs {self.max_abs_diff:.3g}, "
                          f"max rel {self.max_rel_diff:.3g}")

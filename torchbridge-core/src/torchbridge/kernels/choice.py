@@ -1,0 +1,238 @@
+"""Which implementation of an op runs on a backend, and why each other one does not.
+
+Candidates come from every plugin: `torchbridge_kernel_implementations(backend)` returns
+declared implementations; `torchbridge_kernel(op, backend_name, backend)`, the first
+contract, returns a plain callable, which becomes an inference-only, opaque implementation
+for that backend. They are ordered by `priority` (highest first), then by plugin call order
+(tryfirst plugins, vendor plugins, the built-in ones). An implementation is eligible when:
+config does not force the reference, it serves this backend, the device meets its
+capability or architecture, it trains when the model does, and it computes in the dtype
+asked for. The first eligible one is chosen; with none, the reference runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchbridge.errors import KernelError, TorchBridgeError
+import torchbridge.kernels.ops as ops_module
+from torchbridge.kernels.implementations import (
+    BoundKernel,
+    KernelImplementation,
+    bind,
+    implementation_problem,
+)
+from torchbridge.plugins import cached_for, get_plugin_host
+
+if TYPE_CHECKING:
+    from torchbridge.backend import Backend
+    from torchbridge.plugins import PluginHost
+    from torchbridge.types import DeviceInfo
+
+
+def _ops_problem(result: object) -> str | None:
+    if not isinstance(result, (list, tuple)):
+        return f"returned {type(result).__name__}, expected a list of OpDefinition"
+    for item in result:
+        if not isinstance(item, ops_module.OpDefinition):
+            return f"contributed {type(item).__name__} {item!r:.60}, expected OpDefinition"
+    return None
+
+
+_ops_cache: tuple[PluginHost, int, tuple[str, ...]] | None = None
+_ops_lock = threading.Lock()
+
+
+def known_ops() -> tuple[str, ...]:
+    """Every op: the core's and those plugins declare through `torchbridge_ops` (registered
+    on first use; a declaration that cannot be registered is its plugin's error)."""
+    global _ops_cache
+    host = get_plugin_host()
+    with _ops_lock:
+        cached = cached_for(_ops_cache, host)
+        if cached is not None:
+            return tuple(cached)
+        names = [d.name for d in ops_module.BUILTIN_OPS]
+        for plugin, definitions in host.call_each("torchbridge_ops", check=_ops_problem):
+            for definition in definitions:
+                try:
+                    ops_module.register_op(definition)
+                except KernelError as exc:
+                    host.record_hook_error(plugin, "torchbridge_ops", str(exc))
+                    continue
+                if definition.name not in names:
+                    names.append(definition.name)
+        _ops_cache = (host, host.generation, tuple(names))
+        return tuple(names)
+
+
+def _check_op(op: str) -> None:
+    if op not in known_ops():
+        raise KernelError(f"unknown op {op!r}; known ops: {', '.join(known_ops())}")
+
+
+def _list_problem(result: object) -> str | None:
+    if not isinstance(result, (list, tuple)):
+        return f"returned {type(result).__name__}, expected a list of KernelImplementation"
+    return None
+
+
+def _legacy_problem(kernel: object) -> str | None:
+    return None if callable(kernel) else f"returned {kernel!r}, which is not callable"
+
+
+def contributed(op: str, backend: Backend) -> list[tuple[str, KernelImplementation]]:
+    """(plugin, implementation) for `op` from every plugin, in call order; malformed ones
+    are their plugin's error and left out."""
+    host = get_plugin_host()
+    found: list[tuple[str, KernelImplementation]] = []
+    hook = "torchbridge_kernel_implementations"
+    for plugin, impls in host.call_each(hook, check=_list_problem, backend=backend):
+        for impl in impls:
+            problem = implementation_problem(impl)
+            if problem is not None:
+                host.record_hook_error(plugin, hook, problem)
+            elif impl.op == op:
+                found.append((plugin, impl))
+    for plugin, kernel in host.call_each("torchbridge_kernel", check=_legacy_problem, op=op,
+                                         backend_name=backend.name, backend=backend):
+        if isinstance(kernel, KernelImplementation):
+            problem = implementation_problem(kernel)
+            if problem is None and kernel.op == op:
+                found.append((plugin, kernel))
+            elif problem is not None:
+                host.record_hook_error(plugin, "torchbridge_kernel", problem)
+            continue
+        name = getattr(kernel, "__name__", type(kernel).__name__)
+        found.append((plugin, KernelImplementation(
+            op=op, name=name, forward=kernel, backends=(backend.name,),
+            description="returned by torchbridge_kernel: inference only, opaque to "
+                        "torch.compile")))
+    order = {id(impl): i for i, (_, impl) in enumerate(found)}
+    found.sort(key=lambda item: (-item[1].priority, order[id(item[1])]))
+    return found
+
+
+def _capability(info: DeviceInfo | None) -> tuple[int, int] | None:
+    text = info.compute_capability if info is not None else None
+    try:
+        major, minor = str(text).split(".")[:2]
+        return int(major), int(minor)
+    except (TypeError, ValueError):
+        return None
+
+
+def ineligible_reason(impl: KernelImplementation, backend: Backend, info: DeviceInfo | None,
+                      *, dtype: torch.dtype | None, training: bool) -> str | None:
+    """Why `impl` cannot run `op` on this backend for this use (None: it can)."""
+    if impl.unavailable:
+        return impl.unavailable
+    if impl.backends is not None and backend.name not in impl.backends:
+        return f"serves {', '.join(impl.backends)}, not {backend.name}"
+    if impl.min_capability is not None:
+        have = _capability(info)
+        need = ".".join(map(str, impl.min_capability))
+        if have is None:
+            return f"needs compute capability {need}; the device reports none"
+        if have < impl.min_capability:
+            return f"needs compute capability {need}; the device has {have[0]}.{have[1]}"
+    if impl.architectures is not None:
+        arch = info.architecture if info is not None else None
+        if not arch or not any(arch.startswith(a) for a in impl.architectures):
+            return f"built for {', '.join(impl.architectures)}; the device is {arch or 'unknown'}"
+    if training and not impl.trains:
+        return "inference only (no backward) and the model is training"
+    if dtype is not None and impl.dtypes is not None and dtype not in impl.dtypes:
+        return f"computes in {', '.join(str(d) for d in impl.dtypes)}, not {dtype}"
+    return None
+
+
+@dataclass
+class Candidate:
+    implementation: KernelImplementation
+    provider: str
+    reason: str | None  # why it is not eligible; None: eligible
+
+    def to_dict(self) -> dict[str, Any]:
+        impl = self.implementation
+        return {"name": impl.name, "plugin": self.provider, "eligible": self.reason is None,
+                "reason": self.reason, "backends": list(impl.backends or ["any"]),
+                "dtypes": [str(d) for d in impl.dtypes] if impl.dtypes else ["any"],
+                "trains": impl.trains, "traceable": impl.traceable,
+                "min_capability": impl.min_capability, "architectures": impl.architectures,
+                "priority": impl.priority}
+
+
+@dataclass
+class KernelChoice:
+    """The candidates for `op` on `backend` in preference order, each eligible or with the
+    reason it is not; `forced_reference` when config rules every implementation out."""
+
+    op: str
+    backend: str
+    candidates: list[Candidate] = field(default_factory=list)
+    forced_reference: str | None = None
+
+    @property
+    def eligible(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.reason is None]
+
+    @property
+    def chosen(self) -> Candidate | None:
+        eligible = self.eligible
+        return eligible[0] if eligible else None
+
+    def reasons(self) -> list[str]:
+        return [f"{c.implementation.name} (plugin {c.provider}): {c.reason}"
+                for c in self.candidates if c.reason is not None]
+
+    def bound(self, candidate: Candidate | None = None) -> BoundKernel:
+        """The callable for `candidate` (default: the chosen one; None chosen: reference)."""
+        pick = candidate if candidate is not None else self.chosen
+        if pick is None:
+            return bind(None, None, self.op, self.reasons())
+        return bind(pick.implementation, pick.provider, self.op, self.reasons())
+
+    def to_dict(self) -> dict[str, Any]:
+        chosen = self.chosen
+        return {"op": self.op, "backend": self.backend,
+                "selected": (f"{chosen.implementation.name} (plugin {chosen.provider})"
+                             if chosen else "reference"),
+                "forced_reference": self.forced_reference,
+                "implementations": [c.to_dict() for c in self.candidates]}
+
+
+def device_info_or_none(backend: Backend) -> DeviceInfo | None:
+    try:
+        return backend.get_device_info()
+    except TorchBridgeError:
+        return None
+
+
+def choose(op: str, backend: Backend, *, dtype: torch.dtype | None = None,
+           training: bool = False, info: DeviceInfo | None = None) -> KernelChoice:
+    """Every implementation of `op` for `backend`, in preference order, with its verdict."""
+    _check_op(op)
+    choice = KernelChoice(op, backend.name)
+    kernel_config = backend.config.kernel
+    if not kernel_config.enabled:
+        choice.forced_reference = "config kernel.enabled is False"
+    elif op in kernel_config.disabled_ops:
+        choice.forced_reference = "listed in config kernel.disabled_ops"
+    info = info if info is not None else device_info_or_none(backend)
+    for provider, impl in contributed(op, backend):
+        reason = choice.forced_reference or ineligible_reason(
+            impl, backend, info, dtype=dtype, training=training)
+        choice.candidates.append(Candidate(impl, provider, reason))
+    return choice
+
+
+def kernel_table(backend: Backend, *, training: bool = False) -> list[dict[str, Any]]:
+    """Every op with its implementations on `backend`, their plugins, and why each is or
+    is not selected (for doctor and `torchbridge kernels`)."""
+    info = device_info_or_none(backend)
+    return [choose(op, backend, training=training, info=info).to_dict() for op in known_ops()]

@@ -1,0 +1,271 @@
+"""What a kernel implementation declares, and how it is made into one op for torch.compile.
+
+A plugin returns `KernelImplementation`s from `torchbridge_kernel_implementations`. The
+declaration is what selection reads (see `torchbridge.kernels.choice`): which op, which
+backends, dtypes, whether it trains (has a backward), the least device capability or the
+architectures it is built for, whether torch.compile can trace it, and a per-call
+`declines` that may hand a call back to the reference.
+
+An implementation that is not traceable (a Triton launch, a call into a vendor library) is
+wrapped in a custom op of its own, `torch.ops.torchbridge.<op>__<provider>_<name>`, with the
+op's schema and fake: compile sees one op and never looks inside. The wrapper runs the
+reference instead when the call's dtype is not declared or `declines` gives a reason, and
+its backward is the implementation's `backward` when declared, else the reference's: the
+gradients are right whichever ran forward.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from torchbridge.errors import KernelError
+import torchbridge.kernels.ops as ops_module
+
+# The numbers an implementation must match the reference to, per dtype, as
+# max |impl - reference| / max |reference| (one or two roundings apart at most).
+TOLERANCES = {torch.float32: 1e-4, torch.float64: 1e-7, torch.float16: 4e-3,
+              torch.bfloat16: 3e-2}
+
+
+@dataclass(frozen=True)
+class KernelImplementation:
+    """One implementation of op `op`.
+
+    forward: takes the op's arguments (see `torchbridge.kernels.ops.schema(op)`) and returns
+        what the reference returns, never an input or a view of one.
+    backward: `backward(inputs, output, *grad_outputs) -> grads`, one gradient (or None)
+        per op argument; None: inference only (selection skips it for training models).
+    backends: backend names it serves (None: every backend).
+    dtypes: floating dtypes it computes in (None: any); other calls run the reference.
+    min_capability: the least compute capability, e.g. (8, 0), compared with the device's
+        `DeviceInfo.compute_capability` ("9.0"); None: no requirement.
+    architectures: architecture names or prefixes ("gfx94", "gfx950"), compared with
+        `DeviceInfo.architecture`; None: any.
+    traceable: torch.compile can trace `forward` (plain torch ops, `torch.library.triton_op`);
+        False: it is wrapped in an op of its own.
+    differentiable: autograd differentiates `forward` as it is (plain torch ops), so it
+        trains without a `backward`.
+    declines: `declines(*args) -> reason | None`, called on each call; a reason runs the
+        reference for that call (e.g. a hidden size beyond the kernel's block).
+    priority: among eligible implementations the highest wins (ties: plugin call order).
+    unavailable: why it cannot run in this process at all (e.g. "triton is not installed");
+        listed by doctor, never selected.
+    """
+
+    op: str
+    name: str
+    forward: Callable[..., Any]
+    backward: Callable[..., Any] | None = None
+    backends: tuple[str, ...] | None = None
+    dtypes: tuple[torch.dtype, ...] | None = None
+    min_capability: tuple[int, int] | None = None
+    architectures: tuple[str, ...] | None = None
+    traceable: bool = False
+    differentiable: bool = False
+    declines: Callable[..., str | None] | None = None
+    priority: int = 0
+    description: str = ""
+    unavailable: str | None = None
+
+    @property
+    def trains(self) -> bool:
+        return self.backward is not None or self.differentiable
+
+
+def implementation_problem(impl: object) -> str | None:
+    """Why `impl` is not a well-formed KernelImplementation (None: it is)."""
+    if not isinstance(impl, KernelImplementation):
+        return f"contributed {type(impl).__name__} {impl!r:.60}, expected KernelImplementation"
+    label = f"implementation {impl.name!r} of {impl.op!r}"
+    if not isinstance(impl.name, str) or not impl.name:
+        return f"implementation of {impl.op!r}: name must be a non-empty string"
+    if ops_module.definition(impl.op) is None:
+        return f"{label}: unknown op {impl.op!r}"
+    for what in ("forward",):
+        if not callable(getattr(impl, what)):
+            return f"{label}: {what} must be callable"
+    for what in ("backward", "declines"):
+        value = getattr(impl, what)
+        if value is not None and not callable(value):
+            return f"{label}: {what} must be callable or None"
+    if impl.backends is not None and not (isinstance(impl.backends, (tuple, list)) and all(
+            isinstance(b, str) for b in impl.backends)):
+        return f"{label}: backends must be a tuple of backend names or None"
+    if impl.dtypes is not None and not (isinstance(impl.dtypes, (tuple, list)) and all(
+            isinstance(d, torch.dtype) for d in impl.dtypes)):
+        return f"{label}: dtypes must be a tuple of torch.dtype or None"
+    cap = impl.min_capability
+    if cap is not None and not (isinstance(cap, tuple) and len(cap) == 2
+                                and all(isinstance(c, int) for c in cap)):
+        return f"{label}: min_capability must be (major, minor) or None"
+    if impl.architectures is not None and not (
+            isinstance(impl.architectures, (tuple, list))
+            and all(isinstance(a, str) for a in impl.architectures)):
+        return f"{label}: architectures must be a tuple of names or None"
+    return None
+
+
+def first_floating_dtype(args: Sequence[Any]) -> torch.dtype | None:
+    return next((a.dtype for a in args if isinstance(a, torch.Tensor)
+                 and a.is_floating_point()), None)
+
+
+def decline_reason(impl: KernelImplementation, args: Sequence[Any]) -> str | None:
+    """Why `impl` hands this call to the reference (None: it runs it)."""
+    dtype = first_floating_dtype(args)
+    if impl.dtypes is not None and dtype is not None and dtype not in impl.dtypes:
+        return f"dtype {dtype} is not among {impl.name}'s {list(impl.dtypes)}"
+    if impl.declines is not None:
+        reason = impl.declines(*args)
+        if reason is not None:
+            return str(reason)
+    return None
+
+
+def _wrapped_autograd(impl: KernelImplementation, reference: Callable[..., Any]
+                      ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(setup_context, backward) of an implementation's wrapper op: its own backward when it
+    declares one and ran the call, else the reference's vector-Jacobian product."""
+    backward_impl = impl.backward
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        outputs = output if isinstance(output, tuple) else (output,)
+        ctx.single_output = not isinstance(output, tuple)
+        ctx.own_backward = backward_impl is not None and decline_reason(impl, inputs) is None
+        ops_module.save_inputs(ctx, inputs, *(outputs if ctx.own_backward else ()))
+
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        inputs, outputs = ops_module.saved_inputs(ctx)
+        if not ctx.own_backward:
+            return ops_module.reference_vjp(reference, inputs, grads)
+        assert backward_impl is not None
+        output = outputs[0] if ctx.single_output else outputs
+        return tuple(backward_impl(tuple(inputs), output, *grads))
+
+    return setup_context, backward
+
+
+def _qualified(text: str) -> str:
+    return re.sub(r"[^0-9A-Za-z_]", "_", text)
+
+
+@dataclass
+class BoundKernel:
+    """A callable for one op: the chosen implementation (through its wrapper op when it is
+    not traceable) or the reference. `implementation` and `provider` say which; `reasons`
+    why the others were passed over (see choice.KernelChoice)."""
+
+    op: str
+    call: Callable[..., Any]
+    implementation: KernelImplementation | None = None
+    provider: str | None = None
+    reasons: list[str] = field(default_factory=list)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.call(*args, **kwargs)
+
+    @property
+    def label(self) -> str:
+        if self.implementation is None:
+            return "reference"
+        return f"{self.implementation.name} (plugin {self.provider})"
+
+
+_lock = threading.Lock()
+_wrappers: dict[str, tuple[KernelImplementation, Any]] = {}
+
+
+def wrapper_op(impl: KernelImplementation, provider: str) -> Any:
+    """The custom op that runs `impl` (made once per implementation per process)."""
+    base = f"{impl.op}__{_qualified(provider)}_{_qualified(impl.name)}"
+    with _lock:
+        for suffix in range(1000):
+            name = base if suffix == 0 else f"{base}_{suffix}"
+            known = _wrappers.get(name)
+            if known is None:
+                break
+            if known[0] == impl:
+                return known[1]
+        definition = ops_module.definition(impl.op)
+        assert definition is not None
+        reference = definition.reference
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            # torch.library passes arguments that have defaults by keyword.
+            bound = _bind_arguments(impl.op, args, kwargs)
+            if decline_reason(impl, bound) is not None:
+                return reference(*bound)
+            return _unaliased(impl.forward(*bound), bound)
+
+        try:
+            op = torch.library.custom_op(f"{ops_module.NAMESPACE}::{name}", run,
+                                         mutates_args=(), schema=ops_module.schema(impl.op))
+            op.register_fake(reference)
+            setup_context, backward = _wrapped_autograd(impl, reference)
+            op.register_autograd(backward, setup_context=setup_context)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise KernelError(f"implementation {impl.name!r} of {impl.op!r} could not be "
+                              f"wrapped as an op: {exc}") from exc
+        packet = getattr(getattr(torch.ops, ops_module.NAMESPACE), name)
+        _wrappers[name] = (impl, packet)
+        return packet
+
+
+def bind(impl: KernelImplementation | None, provider: str | None, op: str,
+         reasons: list[str] | None = None) -> BoundKernel:
+    """A BoundKernel running `impl` (None: the reference, traceable as plain torch)."""
+    definition = ops_module.definition(op)
+    if definition is None:
+        raise KernelError(f"unknown op {op!r}")
+    if impl is None:
+        return BoundKernel(op, definition.reference, None, None, reasons or [])
+    if impl.traceable:
+        traced = impl
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            bound = _bind_arguments(op, args, kwargs)
+            if decline_reason(traced, bound) is not None:
+                return definition.reference(*bound)
+            return traced.forward(*bound)
+
+        return BoundKernel(op, call, impl, provider, reasons or [])
+    return BoundKernel(op, wrapper_op(impl, provider or "unknown"), impl, provider,
+                       reasons or [])
+
+
+def _unaliased(output: Any, inputs: tuple[Any, ...]) -> Any:
+    """An op may not return its input: an implementation that does (an in-place kernel
+    returning x) has that output copied."""
+    storages = {a.untyped_storage().data_ptr() for a in inputs
+                if isinstance(a, torch.Tensor) and a.numel()}
+
+    def copy_if_alias(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.numel() and \
+                t.untyped_storage().data_ptr() in storages:
+            return t.clone()
+        return t
+
+    if isinstance(output, tuple):
+        return tuple(copy_if_alias(t) for t in output)
+    return copy_if_alias(output)
+
+
+def _bind_arguments(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Positional arguments with the schema's defaults filled in."""
+    packet = getattr(getattr(torch.ops, ops_module.NAMESPACE), op)
+    arguments = packet.default._schema.arguments
+    out = list(args)
+    for argument in arguments[len(args):]:
+        if argument.name in kwargs:
+            out.append(kwargs[argument.name])
+        elif argument.has_default_value():
+            out.append(argument.default_value)
+        else:
+            raise TypeError(f"{op}() missing argument {argument.name!r}")
+    return tuple(out)

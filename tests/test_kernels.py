@@ -105,8 +105,8 @@ OPCHECK_CASES = {
                          torch.randn(3, 16, requires_grad=True)),
     "rotary_embedding": lambda: (torch.randn(2, 3, 5, 8, requires_grad=True),
                                  torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8)),
-    "scaled_dot_product_attention": lambda: tuple(
-        torch.randn(2, 2, 6, 8, requires_grad=True) for _ in range(3)) + (None, True),
+    "scaled_dot_product_attention": lambda: (
+        *(torch.randn(2, 2, 6, 8, requires_grad=True) for _ in range(3)), None, True),
     "linear": lambda: (torch.randn(3, 16, requires_grad=True),
                        torch.randn(8, 16, requires_grad=True), torch.randn(8)),
     "scale_shift": lambda: (torch.randn(3, 16, requires_grad=True),
@@ -207,9 +207,11 @@ def test_implementations_are_chosen_by_what_they_declare() -> None:
         "flash_attn is not installed"
 
 
-def test_the_first_contract_still_works_and_compiles_as_one_op(reload_plugins: None) -> None:
+def test_the_first_contract_still_works_and_compiles_as_one_op(
+        reload_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """A plain callable from torchbridge_kernel (as before) is used, inference-only, and
     wrapped so torch.compile sees one op even when dynamo cannot trace the callable."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # else Triton's serves cpu first
 
     def untraceable_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         values = [v * (1 / (1 + 2.718281828 ** -v)) for v in gate.flatten().tolist()]
@@ -447,3 +449,30 @@ def test_enable_caching_points_triton_at_the_torchbridge_cache(
     import os
 
     assert os.environ["TRITON_CACHE_DIR"] == str(path)
+
+
+def test_a_plugins_broken_pattern_is_its_error_and_the_pass_goes_on(
+        reload_plugins: None, example: Any) -> None:
+    from torchbridge import ModulePattern
+
+    def explode(module: nn.Module) -> None:
+        raise RuntimeError("pattern bug")
+
+    class BrokenPatterns:
+        @torchbridge.hookimpl(tryfirst=True)
+        def torchbridge_module_patterns(self) -> list[Any]:
+            return [ModulePattern("boom", "rms_norm", explode, lambda *a: None,
+                                  lambda *a: ())]
+
+    class NotPatterns:
+        @torchbridge.hookimpl
+        def torchbridge_module_patterns(self) -> Any:
+            return "rms_norm"
+
+    torchbridge.register_plugin(BrokenPatterns(), name="broken_patterns")
+    torchbridge.register_plugin(NotPatterns(), name="not_patterns")
+    prepared = without_compile(example).prepare_model(Block().eval(), "O3")
+    assert substitutions(prepared)["norm"]["status"] == "substituted"
+    errors = {r.name: r.errors for r in torchbridge.plugins.plugin_records()}
+    assert any("pattern boom: pattern bug" in e for e in errors["broken_patterns"])
+    assert any("expected a list of ModulePattern" in e for e in errors["not_patterns"])

@@ -13,7 +13,7 @@ import torch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
-NEEDS_TRITON_ONLY = {"test_aot_compile.py"}
+NEEDS_TRITON_ONLY = {"test_aot_compile.py", "test_kernel_cache.py"}
 
 
 def kernel_device() -> str | None:

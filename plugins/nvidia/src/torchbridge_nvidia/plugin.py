@@ -3,7 +3,7 @@ and nothing here touches CUDA until a hook about a cuda device is called."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchbridge import hookimpl
 from torchbridge.selection import PRIORITY
@@ -63,6 +63,13 @@ def torchbridge_memory_stats(backend_name: str, device: torch.device) -> MemoryS
                        peak_allocated_bytes=peak, free_bytes=free, total_bytes=total,
                        notes="free and total from cudaMemGetInfo (all processes); allocated, "
                              "reserved and peak are this process's caching allocator")
+
+
+@hookimpl
+def torchbridge_kernel_implementations() -> list[Any]:
+    from torchbridge_nvidia.kernels import implementations
+
+    return implementations()
 
 
 @hookimpl

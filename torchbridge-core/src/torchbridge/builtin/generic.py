@@ -8,7 +8,6 @@ function a device module lacks gives None, never a made-up value.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch

@@ -69,7 +69,7 @@ def rotary(x: Any, cos: Any, sin: Any) -> Any:
 
 
 def rotary_backward(inputs: tuple[Any, ...], output: Any, grad: Any) -> tuple[Any, ...]:
-    x, cos, sin = inputs
+    _, cos, sin = inputs
     return _kernels().rotary_backward(grad, cos, sin), None, None
 
 
@@ -82,6 +82,14 @@ def rotary_declines(x: Any, cos: Any, sin: Any) -> str | None:
 
 def add_rms_norm(x: Any, residual: Any, weight: Any, eps: float) -> Any:
     return _kernels().add_rms_norm_forward(x, residual, weight, eps)
+
+
+def add_rms_norm_backward(inputs: tuple[Any, ...], output: Any, grad_y: Any, grad_sum: Any
+                          ) -> tuple[Any, ...]:
+    _, _, weight, eps = inputs
+    grad_x, grad_weight = _kernels().add_rms_norm_backward(grad_y, grad_sum, output[1],
+                                                           weight, eps)
+    return grad_x, grad_x, grad_weight, None  # x and residual enter as their sum
 
 
 def add_rms_norm_declines(x: Any, residual: Any, weight: Any, eps: float) -> str | None:
@@ -109,9 +117,8 @@ def implementations() -> list[KernelImplementation]:
                              declines=rotary_declines,
                              description="Hugging Face rotate_half convention", **common),
         KernelImplementation("add_rms_norm", "triton_add_rms_norm", add_rms_norm,
-                             declines=add_rms_norm_declines,
-                             description="residual add and rms_norm in one pass "
-                                         "(inference)", **common),
+                             add_rms_norm_backward, declines=add_rms_norm_declines,
+                             description="residual add and rms_norm in one pass", **common),
     ]
 
 

@@ -29,8 +29,8 @@ OPS = ("rms_norm", "silu_mul", "scaled_dot_product_attention")
 
 def reference(op: str) -> Any:
     """The reference implementation of `op` (plain torch)."""
-    from torchbridge.errors import KernelError
     import torchbridge.kernels.ops as ops_module
+    from torchbridge.errors import KernelError
     from torchbridge.kernels.choice import known_ops
 
     known_ops()  # registers the ops plugins declare

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchbridge.errors import KernelError, TorchBridgeError
 import torchbridge.kernels.ops as ops_module
+from torchbridge.errors import KernelError, TorchBridgeError
 from torchbridge.kernels.implementations import (
     BoundKernel,
     KernelImplementation,

@@ -125,8 +125,8 @@ def compile_kernel(backend: Backend, func: Any, signature: dict[str, str] | None
     for `target` (default: this machine's device), so compile errors surface here; without
     it Triton compiles at the first launch. A plain Python function becomes a numba.cuda
     kernel when numba is installed."""
-    name = getattr(func, "__name__", None) or getattr(getattr(func, "fn", None), "__name__",
-                                                      type(func).__name__)
+    name = str(getattr(func, "__name__", None) or getattr(
+        getattr(func, "fn", None), "__name__", type(func).__name__))
     if _is_triton(func):
         if target is None and backend.name not in TRITON_BACKENDS and not _interpreted():
             raise KernelCompilationError(
@@ -141,7 +141,7 @@ def compile_kernel(backend: Backend, func: Any, signature: dict[str, str] | None
                 compiled = triton.compile(triton.compiler.ASTSource(
                     fn=func, signature=signature, constexprs=constexprs or {}),
                     target=_target(target))
-            except Exception as exc:  # noqa: BLE001 - Triton raises many types
+            except Exception as exc:
                 raise KernelCompilationError(f"kernel {name} failed to compile: "
                                              f"{type(exc).__name__}: {exc}") from exc
         return CompiledKernel(name, "triton", func, compiled)
@@ -154,7 +154,7 @@ def compile_kernel(backend: Backend, func: Any, signature: dict[str, str] | None
                                          "numba.cuda kernels) is not installed")
         try:
             jitted = cuda.jit(signature)(func) if signature else cuda.jit(func)
-        except Exception as exc:  # noqa: BLE001 - numba raises many types
+        except Exception as exc:
             raise KernelCompilationError(f"kernel {name} failed to compile with numba: "
                                          f"{exc}") from exc
         return CompiledKernel(name, "numba", jitted)
@@ -180,19 +180,18 @@ def launch_kernel(backend: Backend, kernel: Any, grid: Any, block: Any, *args: A
     if not isinstance(kernel, CompiledKernel):
         kernel = compile_kernel(backend, kernel)
     grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+    if kernel.kind == "triton" and not isinstance(block, (dict, type(None))):
+        raise KernelLaunchError(f"kernel {kernel.name}: block must be a dict of Triton "
+                                f"meta-parameters (constexprs, num_warps), got {block!r}")
     try:
         if kernel.kind == "triton":
-            meta = dict(block or {})
-            if not isinstance(block, (dict, type(None))):
-                raise KernelLaunchError(f"kernel {kernel.name}: block must be a dict of "
-                                        f"meta-parameters for Triton, got {block!r}")
-            kernel.function[grid](*args, **meta)
+            kernel.function[grid](*args, **(block or {}))
         else:
             block = tuple(block) if isinstance(block, (tuple, list)) else (block,)
             kernel.function[grid, block](*(_numba_argument(a) for a in args))
     except KernelError:
         raise
-    except Exception as exc:  # noqa: BLE001 - compile errors surface at the first launch
+    except Exception as exc:
         cls = KernelCompilationError if "Compilation" in type(exc).__name__ \
             else KernelLaunchError
         raise cls(f"kernel {kernel.name} failed to launch: {type(exc).__name__}: "

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from torchbridge.errors import KernelError
 import torchbridge.kernels.ops as ops_module
+from torchbridge.errors import KernelError
 
 # The numbers an implementation must match the reference to, per dtype, as
 # max |impl - reference| / max |reference| (one or two roundings apart at most).
@@ -128,25 +128,105 @@ def decline_reason(impl: KernelImplementation, args: Sequence[Any]) -> str | Non
     return None
 
 
-def _wrapped_autograd(impl: KernelImplementation, reference: Callable[..., Any]
-                      ) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """(setup_context, backward) of an implementation's wrapper op: its own backward when it
-    declares one and ran the call, else the reference's vector-Jacobian product."""
+def _is_tensor_argument(argument: Any) -> bool:
+    return "Tensor" in str(argument.type)
+
+
+def _scalar(argument: Any, value: float | None) -> Any:
+    """A non-tensor argument back from the float it travelled as."""
+    if value is None:
+        return None
+    kind = str(argument.type)
+    return bool(value) if "bool" in kind else int(value) if "int" in kind else value
+
+
+def _backward_op(impl: KernelImplementation, name: str) -> Any:
+    """An op running `impl.backward`, so that torch.compile sees the backward as one op too
+    (AOT autograd traces a Python backward; a Triton launch cannot be traced). Arguments:
+    the op's tensor arguments, its outputs, the output gradients, and its other arguments
+    as floats; result: one gradient per tensor argument (zeros where the implementation
+    returns None for a floating input, an empty tensor for a non-floating or absent one)."""
     backward_impl = impl.backward
+    assert backward_impl is not None
+    arguments = ops_module.arguments(impl.op)
+
+    def rebuild(tensors: list[torch.Tensor | None], scalars: list[float | None]
+                ) -> list[Any]:
+        tensor_iter, scalar_iter = iter(tensors), iter(scalars)
+        return [next(tensor_iter) if _is_tensor_argument(a) else _scalar(a, next(scalar_iter))
+                for a in arguments]
+
+    def shapes(tensors: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        return [torch.zeros_like(t) if t is not None and t.is_floating_point()
+                else torch.empty(0) for t in tensors]
+
+    def run(inputs: list[torch.Tensor | None], outputs: list[torch.Tensor],
+            grads: list[torch.Tensor], scalars: list[float | None]) -> list[torch.Tensor]:
+        args = rebuild(inputs, scalars)
+        output = outputs[0] if len(outputs) == 1 else tuple(outputs)
+        got = list(backward_impl(tuple(args), output, *grads))
+        result = shapes(inputs)
+        positions = [i for i, a in enumerate(arguments) if _is_tensor_argument(a)]
+        for slot, position in enumerate(positions):
+            grad = got[position] if position < len(got) else None
+            if grad is not None and result[slot].numel():
+                result[slot] = grad.to(result[slot].dtype).contiguous()
+        # An op's results may alias neither its arguments nor each other (x and residual
+        # get one gradient; a gradient may be the incoming one).
+        taken = {t.untyped_storage().data_ptr() for t in (*inputs, *outputs, *grads)
+                 if t is not None and t.numel()}
+        for slot, grad in enumerate(result):
+            if grad.numel():
+                if grad.untyped_storage().data_ptr() in taken:
+                    result[slot] = grad = grad.clone()
+                taken.add(grad.untyped_storage().data_ptr())
+        return result
+
+    op = torch.library.custom_op(
+        f"{ops_module.NAMESPACE}::{name}_backward", run, mutates_args=(),
+        schema="(Tensor?[] inputs, Tensor[] outputs, Tensor[] grads, float?[] scalars) "
+               "-> Tensor[]")
+
+    @op.register_fake
+    def _(inputs: list[torch.Tensor | None], outputs: list[torch.Tensor],
+          grads: list[torch.Tensor], scalars: list[float | None]) -> list[torch.Tensor]:
+        return [torch.empty_like(t) if t is not None and t.is_floating_point()
+                else t.new_empty(0) if t is not None else grads[0].new_empty(0)
+                for t in inputs]
+
+    return getattr(getattr(torch.ops, ops_module.NAMESPACE), f"{name}_backward")
+
+
+def _wrapped_autograd(impl: KernelImplementation, reference: Callable[..., Any], name: str
+                      ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(setup_context, backward) of an implementation's wrapper op: its own backward (as an
+    op of its own) when it declares one and ran the call, else the reference's
+    vector-Jacobian product."""
+    backward_op = _backward_op(impl, name) if impl.backward is not None else None
+    arguments = ops_module.arguments(impl.op)
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         outputs = output if isinstance(output, tuple) else (output,)
-        ctx.single_output = not isinstance(output, tuple)
-        ctx.own_backward = backward_impl is not None and decline_reason(impl, inputs) is None
+        ctx.own_backward = backward_op is not None and decline_reason(impl, inputs) is None
         ops_module.save_inputs(ctx, inputs, *(outputs if ctx.own_backward else ()))
 
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         inputs, outputs = ops_module.saved_inputs(ctx)
         if not ctx.own_backward:
             return ops_module.reference_vjp(reference, inputs, grads)
-        assert backward_impl is not None
-        output = outputs[0] if ctx.single_output else outputs
-        return tuple(backward_impl(tuple(inputs), output, *grads))
+        assert backward_op is not None
+        tensors = [a for a, arg in zip(inputs, arguments, strict=True)
+                   if _is_tensor_argument(arg)]
+        scalars = [None if a is None else float(a)
+                   for a, arg in zip(inputs, arguments, strict=True)
+                   if not _is_tensor_argument(arg)]
+        got = iter(backward_op(tensors, list(outputs), list(grads), scalars))
+        out: list[Any] = []
+        for a, arg in zip(inputs, arguments, strict=True):
+            grad = next(got) if _is_tensor_argument(arg) else None
+            usable = isinstance(a, torch.Tensor) and a.is_floating_point()
+            out.append(grad if usable else None)
+        return tuple(out)
 
     return setup_context, backward
 
@@ -207,7 +287,7 @@ def wrapper_op(impl: KernelImplementation, provider: str) -> Any:
             op = torch.library.custom_op(f"{ops_module.NAMESPACE}::{name}", run,
                                          mutates_args=(), schema=ops_module.schema(impl.op))
             op.register_fake(reference)
-            setup_context, backward = _wrapped_autograd(impl, reference)
+            setup_context, backward = _wrapped_autograd(impl, reference, name)
             op.register_autograd(backward, setup_context=setup_context)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise KernelError(f"implementation {impl.name!r} of {impl.op!r} could not be "

@@ -129,7 +129,7 @@ def reference_vjp(reference: Callable[..., Any], inputs: Sequence[Any],
             args[i] = t
         return reference(*args)
 
-    _, vjp = torch.func.vjp(call, *(inputs[i] for i in wants))
+    vjp = torch.func.vjp(call, *(inputs[i] for i in wants))[1]
     grad_inputs = vjp(grads[0] if len(grads) == 1 else tuple(grads))
     out: list[Any] = [None] * len(inputs)
     for i, g in zip(wants, grad_inputs, strict=True):
@@ -213,6 +213,12 @@ def register_op(definition: OpDefinition) -> Any:
 
 def definition(name: str) -> OpDefinition | None:
     return _registered.get(name)
+
+
+def arguments(name: str) -> list[Any]:
+    """The op's schema arguments (each has .name, .type, default values)."""
+    packet = getattr(getattr(torch.ops, NAMESPACE), name)
+    return list(packet.default._schema.arguments)
 
 
 def schema(name: str) -> str:

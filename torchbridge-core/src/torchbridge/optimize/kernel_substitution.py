@@ -99,7 +99,7 @@ def _promotes(module: nn.Module, weight: torch.Tensor | None, hidden: int) -> bo
     try:
         with torch.no_grad():
             out = module(torch.ones(1, hidden, dtype=other, device=weight.device))
-    except Exception:  # noqa: BLE001 - a module that refuses mixed dtypes does not promote
+    except Exception:
         return False
     return isinstance(out, torch.Tensor) and out.dtype != other
 
@@ -180,7 +180,7 @@ _SUBCLASSES: dict[type, type] = {}
 
 
 def _substituted_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    sub: Substitution = self._torchbridge_substitution
+    sub: Substitution = self._torchbridge_substitution  # type: ignore[assignment]
     return sub.pattern.forward(self, sub.kernel, sub.facts, *args, **kwargs)
 
 
@@ -330,7 +330,7 @@ class _Gate:
                                            f" us vs {slow * 1e6:.0f} us)")
                 return _Verdict(True, f"max rel error {error:.2g}, {slow / fast:.2f}x the "
                                       "module's own code")
-        except Exception as exc:  # noqa: BLE001 - a crashing kernel is reported, not used
+        except Exception as exc:
             return _Verdict(False, f"raised {type(exc).__name__}: {exc}")
         return _Verdict(True, f"max rel error {error:.2g}")
 
@@ -365,7 +365,7 @@ def _matches(model: nn.Module, ctx: PassContext
         for plugin, pattern in patterns:
             try:
                 facts = pattern.match(module)
-            except Exception as exc:  # noqa: BLE001 - a plugin's pattern is its own problem
+            except Exception as exc:
                 get_plugin_host().record_hook_error(plugin, "torchbridge_module_patterns",
                                                     f"pattern {pattern.name}: {exc}")
                 continue
@@ -393,7 +393,7 @@ def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext
         model.eval()
         with torch.no_grad():
             gate.run(model, *call_args(ctx.backend, ctx.sample_input))
-    except Exception as exc:  # noqa: BLE001 - then synthetic inputs are used
+    except Exception as exc:
         ctx.notes.append(f"kernel_substitution: the sample input did not run ({exc}); "
                          "checked on synthetic inputs")
     finally:

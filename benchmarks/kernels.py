@@ -1,0 +1,174 @@
+"""Each op's implementations against its reference and against torch.compile of the
+reference, on the selected backend's device.
+
+    python benchmarks/kernels.py [--backend cuda] [--dtype bfloat16] [--json out.json]
+
+For each op: the median latency of the reference (eager), torch.compile(reference), and
+every implementation eligible here, the bytes each call must move divided by its latency,
+and that as a share of a device-to-device copy's bandwidth measured in the same run (what
+the device can really move). Every implementation's output is compared with the
+reference's first. On CPU only correctness is checked: Triton runs there only under its
+interpreter, whose timings mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torchbridge
+from torchbridge.kernels import ops
+from torchbridge.kernels.choice import choose
+from torchbridge.kernels.implementations import TOLERANCES
+
+
+def cases(device: torch.device, dtype: torch.dtype, small: bool) -> dict[str, tuple[Any, ...]]:
+    rows, hidden, inner = (64, 256, 512) if small else (8192, 4096, 11008)
+    batch, heads, seq, head_dim = (1, 2, 32, 64) if small else (4, 32, 1024, 128)
+
+    def t(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    return {
+        "rms_norm": (t(rows, hidden), t(hidden), 1e-6),
+        "add_rms_norm": (t(rows, hidden), t(rows, hidden), t(hidden), 1e-6),
+        "silu_mul": (t(rows, inner), t(rows, inner)),
+        "rotary_embedding": (t(batch, heads, seq, head_dim), t(batch, 1, seq, head_dim),
+                             t(batch, 1, seq, head_dim)),
+        "scaled_dot_product_attention": (t(batch, heads, seq, head_dim),
+                                         t(batch, heads, seq, head_dim),
+                                         t(batch, heads, seq, head_dim), None, True),
+    }
+
+
+def bytes_moved(args: tuple[Any, ...], out: Any) -> int:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    tensors += list(out) if isinstance(out, tuple) else [out]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def median_seconds(fn: Callable[[], Any], sync: Callable[[], None], repeats: int = 30) -> float:
+    for _ in range(3):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: torch.device, sync: Callable[[], None]) -> float:
+    src = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=device)
+    seconds = median_seconds(lambda: src.clone(), sync, repeats=10)
+    return 2 * src.numel() / seconds
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    pairs = zip(out, ref, strict=True) if isinstance(out, tuple) else [(out, ref)]
+    return max(((o.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-12))
+               .item() for o, r in pairs)
+
+
+def run(backend_name: str | None, dtype: torch.dtype) -> dict[str, Any]:
+    backend = torchbridge.get_backend(backend_name)
+    on_cpu = backend.device.type == "cpu"
+    sync = backend.synchronize
+    report: dict[str, Any] = {"backend": backend.name, "device": str(backend.device),
+                              "dtype": str(dtype), "ops": {}}
+    if on_cpu:
+        report["note"] = ("CPU: only correctness is checked; Triton kernels run here only "
+                          "under the interpreter, whose timings mean nothing")
+    else:
+        report["device_name"] = backend.get_device_info().name
+        report["copy_bandwidth_gbs"] = copy_bandwidth(backend.device, sync) / 1e9
+    for op, args in cases(backend.device, dtype, small=on_cpu).items():
+        reference = getattr(ops, op)
+        ref_out = reference(*args)
+        entry: dict[str, Any] = {"implementations": {}}
+        choice = choose(op, backend, dtype=dtype)
+        for candidate in choice.candidates:
+            name = f"{candidate.implementation.name} ({candidate.provider})"
+            if candidate.reason is not None:
+                entry["implementations"][name] = {"skipped": candidate.reason}
+                continue
+            kernel = choice.bound(candidate)
+            result: dict[str, Any] = {"rel_error": relative_error(kernel(*args), ref_out),
+                                      "tolerance": TOLERANCES.get(dtype)}
+            if not on_cpu:
+                result["seconds"] = median_seconds(lambda k=kernel: k(*args), sync)
+            entry["implementations"][name] = result
+        if not on_cpu:
+            entry["reference_seconds"] = median_seconds(lambda: reference(*args), sync)
+            compiled = torch.compile(definition_of(op))
+            entry["compile_seconds"] = median_seconds(lambda: compiled(*args), sync)
+            moved = bytes_moved(args, ref_out)
+            entry["bytes"] = moved
+            for key in ("reference_seconds", "compile_seconds"):
+                entry[key.replace("seconds", "bandwidth_share")] = \
+                    moved / entry[key] / (report["copy_bandwidth_gbs"] * 1e9)
+            for result in entry["implementations"].values():
+                if "seconds" in result:
+                    result["bandwidth_share"] = moved / result["seconds"] / (
+                        report["copy_bandwidth_gbs"] * 1e9)
+        report["ops"][op] = entry
+    return report
+
+
+def definition_of(op: str) -> Callable[..., Any]:
+    from torchbridge.kernels import reference
+
+    fn: Callable[..., Any] = reference(op)
+    return fn
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"kernels on {report['backend']} ({report['device']}, {report['dtype']})"]
+    if "note" in report:
+        lines.append(report["note"])
+    else:
+        lines.append(f"{report['device_name']}: device-to-device copy "
+                     f"{report['copy_bandwidth_gbs']:.0f} GB/s")
+    for op, entry in report["ops"].items():
+        lines.append(f"{op}:")
+        if "reference_seconds" in entry:
+            for key, label in (("reference", "reference (eager)"),
+                               ("compile", "torch.compile(reference)")):
+                lines.append(f"  {label:<34} {entry[f'{key}_seconds'] * 1e6:9.1f} us  "
+                             f"{entry[f'{key}_bandwidth_share']:6.1%} of copy bandwidth")
+        for name, result in entry["implementations"].items():
+            if "skipped" in result:
+                lines.append(f"  {name:<34} not here: {result['skipped']}")
+                continue
+            line = f"  {name:<34} "
+            if "seconds" in result:
+                line += f"{result['seconds'] * 1e6:9.1f} us  " \
+                        f"{result['bandwidth_share']:6.1%} of copy bandwidth  "
+            line += f"rel error {result['rel_error']:.2g} (tolerance {result['tolerance']})"
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", help="backend name (default: the selected one)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16",
+                                                                "bfloat16"])
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    args = parser.parse_args()
+    report = run(args.backend, getattr(torch, args.dtype))
+    print(render(report))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""The NVIDIA plugin's kernel implementations: flash-attn 3 (Hopper) and flash-attn 2
+(Ampere and later) as implementations of the core's `scaled_dot_product_attention` op on
+cuda. The op takes (batch, heads, seq, head_dim) like torch's SDPA; flash-attn takes
+(batch, seq, heads, head_dim), so the layout is transposed around the call.
+
+Each declines what flash-attn cannot do (a mask, float32, head sizes it has no kernel
+for, flash-attn 3 off Hopper), and the reference (torch's SDPA) runs that call instead.
+Inference only: the op's backward is the reference's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+
+from torchbridge.kernels.implementations import KernelImplementation
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _declines(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any,
+              is_causal: bool, scale: Any, enable_gqa: bool) -> str | None:
+    if attn_mask is not None:
+        return "a mask is given and flash-attn takes none"
+    head_dim = q.shape[-1]
+    if head_dim > 256 or head_dim % 8:
+        return f"head_dim {head_dim} is not a multiple of 8 up to 256"
+    if q.shape[1] % k.shape[1]:
+        return f"{q.shape[1]} query heads do not group over {k.shape[1]} key heads"
+    if q.device.type != "cuda":
+        return f"tensors are on {q.device.type}, not a CUDA GPU"
+    return None
+
+
+def _hopper_only(*args: Any) -> str | None:
+    reason = _declines(*args)
+    if reason is None and torch.cuda.get_device_capability(args[0].device)[0] != 9:
+        return "flash-attn 3 kernels are built for Hopper (sm_90) only"
+    return reason
+
+
+def _run(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+         scale: float | None) -> torch.Tensor:
+    out = module.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                 softmax_scale=scale, causal=is_causal)
+    out = out[0] if isinstance(out, tuple) else out
+    result: torch.Tensor = out.transpose(1, 2).contiguous()
+    return result
+
+
+def flash_attn_3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any,
+                 is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    import flash_attn_interface
+
+    return _run(flash_attn_interface, q, k, v, is_causal, scale)
+
+
+def flash_attn_2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any,
+                 is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    import flash_attn
+
+    return _run(flash_attn, q, k, v, is_causal, scale)
+
+
+def _missing(module: str, package: str) -> str | None:
+    return None if importlib.util.find_spec(module) is not None else \
+        f"{package} is not installed"
+
+
+def implementations() -> list[KernelImplementation]:
+    return [
+        KernelImplementation(
+            "scaled_dot_product_attention", "flash_attn_3", flash_attn_3, backends=("cuda",),
+            dtypes=HALF, min_capability=(9, 0), declines=_hopper_only, priority=2,
+            unavailable=_missing("flash_attn_interface", "flash-attn 3 (flash_attn_interface)"),
+            description="FlashAttention-3 on Hopper"),
+        KernelImplementation(
+            "scaled_dot_product_attention", "flash_attn_2", flash_attn_2, backends=("cuda",),
+            dtypes=HALF, min_capability=(8, 0), declines=_declines, priority=1,
+            unavailable=_missing("flash_attn", "flash-attn 2 (flash_attn)"),
+            description="FlashAttention-2"),
+    ]

@@ -1,0 +1,56 @@
+"""The NVIDIA plugin's flash-attn implementations of the attention op, chosen by the
+recorded device's compute capability (no GPU here: the probe seam answers)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchbridge
+from test_nvidia import FakeGPUs
+from torchbridge.kernels.choice import choose
+from torchbridge_nvidia import kernels
+
+OP = "scaled_dot_product_attention"
+
+
+def _verdicts(monkeypatch: pytest.MonkeyPatch, gpu: str, dtype: torch.dtype,
+              installed: bool = True) -> dict[str, str | None]:
+    if installed:
+        monkeypatch.setattr(kernels, "_missing", lambda module, package: None)
+    FakeGPUs(monkeypatch, gpu)
+    choice = choose(OP, torchbridge.get_backend("cuda"), dtype=dtype)
+    return {c.implementation.name: c.reason for c in choice.candidates
+            if c.provider == "nvidia"}
+
+
+def test_flash_attn_3_on_hopper_flash_attn_2_on_ampere(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    assert _verdicts(monkeypatch, "H100", torch.bfloat16) == {"flash_attn_3": None,
+                                                              "flash_attn_2": None}
+    on_a100 = _verdicts(monkeypatch, "A100", torch.bfloat16)
+    assert on_a100["flash_attn_3"] == "needs compute capability 9.0; the device has 8.0"
+    assert on_a100["flash_attn_2"] is None
+    on_t4 = _verdicts(monkeypatch, "T4", torch.float16)
+    assert on_t4["flash_attn_2"] == "needs compute capability 8.0; the device has 7.5"
+    in_fp32 = _verdicts(monkeypatch, "H100", torch.float32)
+    assert in_fp32["flash_attn_3"] == "computes in torch.float16, torch.bfloat16, not " \
+                                      "torch.float32"
+
+
+def test_without_flash_attn_installed_doctor_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    verdicts = _verdicts(monkeypatch, "H100", torch.bfloat16, installed=False)
+    assert verdicts["flash_attn_3"] == "flash-attn 3 (flash_attn_interface) is not installed"
+
+
+def test_flash_attn_declines_masks_and_odd_head_sizes() -> None:
+    q = torch.randn(1, 4, 8, 64)
+    assert kernels._declines(q, q, q, torch.zeros(8, 8), False, None, False) == \
+        "a mask is given and flash-attn takes none"
+    odd = torch.randn(1, 4, 8, 60)
+    assert kernels._declines(odd, odd, odd, None, False, None, False) == \
+        "head_dim 60 is not a multiple of 8 up to 256"
+    kv = torch.randn(1, 3, 8, 64)
+    assert kernels._declines(q, kv, kv, None, False, None, True) == \
+        "4 query heads do not group over 3 key heads"
+    assert kernels._declines(q, q, q, None, True, None, False) == \
+        "tensors are on cpu, not a CUDA GPU"

@@ -68,8 +68,9 @@ def tests_kernels(session: nox.Session) -> None:
 @nox.session
 def tests_gpu(session: nox.Session) -> None:
     """On a GPU machine: the tests marked cuda/rocm/xpu. torch is left unpinned here on
-    purpose so that pip picks the accelerator build for this machine; XPU and ROCm builds
-    live on their own index: TORCH_INDEX_URL=https://download.pytorch.org/whl/xpu."""
+    purpose so that pip picks the accelerator build for this machine; PyPI's is CUDA's, so
+    on an AMD or Intel GPU name the build's index, e.g.
+    TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm6.4 (or /whl/xpu) nox -s tests_gpu."""
     index = os.environ.get("TORCH_INDEX_URL")
     session.install("torch", *(["--index-url", index] if index else []))
     session.install("numpy")

@@ -1,13 +1,36 @@
-"""Hook implementations of the AMD plugin. Kept cheap to import: the entry point loads it."""
+"""Hook implementations of the AMD plugin. Kept cheap to import: the entry point loads it,
+and nothing here touches HIP until a hook about a rocm device is called."""
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
 from torchbridge import hookimpl
 from torchbridge.selection import PRIORITY
-from torchbridge.types import Detection
+from torchbridge.types import Detection, DeviceInfo, MemoryStats
 
-# Memory, synchronize and the rest come from the core's generic answers for torch.cuda/xpu.
+if TYPE_CHECKING:
+    import torch
+    from pydantic import BaseModel
+    from torchbridge.backend import Backend
+    from torchbridge.levels import OptimizationLevel
+    from torchbridge.optimize.passes import OptimizationPass
+
+logger = logging.getLogger("torchbridge.amd")
+# Synchronize, empty_cache and reset_peak come from the core's generic answers for torch.cuda.
 GENERIC = ("generic",)
+
+
+def _mine(backend_name: str, device: torch.device) -> bool:
+    return backend_name == "rocm" and device.type == "cuda"  # ROCm devices are torch "cuda"
+
+
+@hookimpl
+def torchbridge_config_section() -> tuple[str, type[BaseModel]]:
+    from torchbridge_amd.config import AMDConfig
+
+    return "amd", AMDConfig
 
 
 @hookimpl
@@ -15,7 +38,60 @@ def torchbridge_detect() -> Detection:
     from torchbridge_amd.probe import probe
 
     found = probe()
-    # ROCm devices are torch "cuda" devices.
     return Detection("rocm", found.available, PRIORITY["rocm"], "cuda", found.device_count,
                      "AMD", found.reason,
                      fallbacks=GENERIC)
+
+
+@hookimpl
+def torchbridge_device_info(backend_name: str, device: torch.device, backend: Backend
+                            ) -> DeviceInfo | None:
+    if not _mine(backend_name, device):
+        return None
+    from torchbridge_amd.devices import describe_device
+
+    return describe_device(device.index or 0, backend_name, backend.hardware_config)
+
+
+@hookimpl
+def torchbridge_memory_stats(backend_name: str, device: torch.device) -> MemoryStats | None:
+    if not _mine(backend_name, device):
+        return None
+    from torchbridge_amd import probe
+
+    index = device.index or 0
+    free, total = probe.mem_get_info(index)
+    allocated, reserved, peak = probe.allocator_counters(index)
+    return MemoryStats(device=str(device), allocated_bytes=allocated, reserved_bytes=reserved,
+                       peak_allocated_bytes=peak, free_bytes=free, total_bytes=total,
+                       notes="free and total from hipMemGetInfo (all processes); allocated, "
+                             "reserved and peak are this process's caching allocator")
+
+
+@hookimpl
+def torchbridge_distributed_backend(backend_name: str, device: torch.device) -> str | None:
+    # torch's "nccl" process group is RCCL on a ROCm build.
+    return "nccl" if _mine(backend_name, device) else None
+
+
+@hookimpl
+def torchbridge_backend_created(backend: Backend) -> None:
+    """The preflight: before any kernel runs, say when the build has no code for a GPU and
+    when flash attention is off for it."""
+    if backend.name != "rocm":
+        return
+    from torchbridge_amd.devices import preflight_for
+
+    for index in range(backend.device_count):
+        for warning in preflight_for(index).warnings:
+            logger.warning("%s", warning)
+
+
+@hookimpl
+def torchbridge_optimization_passes(backend: Backend, level: OptimizationLevel
+                                    ) -> list[OptimizationPass] | None:
+    if backend.name != "rocm":
+        return None
+    from torchbridge_amd.passes import amd_passes
+
+    return amd_passes(backend)

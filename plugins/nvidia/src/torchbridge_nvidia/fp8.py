@@ -1,102 +1,36 @@
-"""Real FP8 inference: e4m3 weights and activations with per-tensor scales, matmul in
-torch._scaled_mm (FP8 tensor cores on Hopper and newer; it also runs on CPU, which is how the
-numerics are tested here). Transformer Engine is used instead when it is installed and the
-model is on a GPU.
-
-Weights are quantized once at conversion; activations are quantized on every call with a
-scale from their current absolute maximum (dynamic per-tensor scaling). torch._scaled_mm has
-no backward, so these layers are for inference; FP8 training needs Transformer Engine.
+"""Real FP8 inference on NVIDIA GPUs: e4m3 weights and activations with per-tensor scales,
+matmul in torch._scaled_mm (FP8 tensor cores on Hopper and newer). The layer itself is the
+core's (`torchbridge.fp8`, shared with the AMD plugin, which uses it with gfx94x's fnuz
+dtype); this module adds Transformer Engine, used instead when it is installed and the model
+is on a GPU, and the seed's FP8Compiler. torch._scaled_mm has no backward, so without
+Transformer Engine these layers are for inference.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torchbridge import fp8 as core_fp8
+from torchbridge.fp8 import ALIGNMENT, FP8CompilationResult, convert_linears_to_fp8
 
 from torchbridge_nvidia.errors import FP8CompilationError
 
-logger = logging.getLogger(__name__)
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
-# FP8 tensor-core GEMMs need the inner and output dimensions to be multiples of 16.
-ALIGNMENT = 16
 
 
 def quantize_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x in e4m3, dequantization scale): x ~= q.float() * scale. The scale maps the
-    tensor's absolute maximum onto e4m3's largest finite value."""
-    amax = x.detach().abs().amax().float().clamp(min=1e-12)
-    scale = E4M3_MAX / amax
-    q = (x.float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
-    return q, scale.reciprocal()
+    """(x in e4m3, dequantization scale): x ~= q.float() * scale."""
+    return core_fp8.quantize_fp8(x, E4M3)
 
 
-class FP8Linear(nn.Module):
-    """A drop-in for nn.Linear computing in FP8. The matmul writes `out_dtype` (bf16); under
-    autocast that is the output, otherwise the output is cast back to the input's dtype so
-    the layers around it see what they saw before."""
+class FP8Linear(core_fp8.FP8Linear):
+    """The core's FP8Linear (e4m3 by default), raising the NVIDIA plugin's
+    FP8CompilationError."""
 
-    weight_fp8: torch.Tensor
-    weight_scale: torch.Tensor
-    bias: torch.Tensor | None
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 out_dtype: torch.dtype = torch.bfloat16, device: Any = None) -> None:
-        super().__init__()
-        if in_features % ALIGNMENT or out_features % ALIGNMENT:
-            raise FP8CompilationError(
-                f"FP8Linear needs dimensions divisible by {ALIGNMENT}, got in_features="
-                f"{in_features}, out_features={out_features}")
-        self.in_features, self.out_features, self.out_dtype = in_features, out_features, out_dtype
-        self.register_buffer("weight_fp8", torch.zeros(out_features, in_features, dtype=E4M3,
-                                                       device=device))
-        self.register_buffer("weight_scale", torch.ones((), device=device))
-        self.register_buffer("bias", torch.zeros(out_features, dtype=out_dtype, device=device)
-                             if bias else None)
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, out_dtype: torch.dtype = torch.bfloat16
-                    ) -> FP8Linear:
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                    out_dtype, device=linear.weight.device)
-        with torch.no_grad():
-            q, scale = quantize_e4m3(linear.weight)
-            layer.weight_fp8.copy_(q)
-            layer.weight_scale.copy_(scale)
-            if linear.bias is not None and layer.bias is not None:
-                layer.bias.copy_(linear.bias.to(out_dtype))
-        return layer
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        xq, x_scale = quantize_e4m3(x.reshape(-1, self.in_features))
-        out = torch._scaled_mm(xq, self.weight_fp8.t(), scale_a=x_scale,
-                               scale_b=self.weight_scale, bias=self.bias,
-                               out_dtype=self.out_dtype)
-        out = out.reshape(*lead, self.out_features)
-        if not torch.is_autocast_enabled(x.device.type) and out.dtype != x.dtype:
-            out = out.to(x.dtype)
-        return out
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"bias={self.bias is not None}, e4m3 -> {self.out_dtype}"
-
-
-@dataclass
-class FP8CompilationResult:
-    """What compile_with_fp8 did: the converted layers, the ones left alone and why, and the
-    share of linear-layer weights now in FP8."""
-
-    model: nn.Module
-    fp8_layers: list[str] = field(default_factory=list)
-    skipped_layers: dict[str, str] = field(default_factory=dict)
-    coverage: float = 0.0
-    implementation: str = "torch._scaled_mm"
+    error = FP8CompilationError
 
 
 def _transformer_engine() -> Any | None:
@@ -132,12 +66,6 @@ def _te_linear(te: Any, linear: nn.Linear) -> nn.Module:
     return module
 
 
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)
-
-
 class FP8Compiler:
     """`FP8Compiler().compile_with_fp8(model)` swaps every eligible nn.Linear (dimensions
     divisible by 16) for an FP8 layer, in place, and reports coverage."""
@@ -161,34 +89,19 @@ class FP8Compiler:
             raise FP8CompilationError("FP8 training needs Transformer Engine "
                                       "(pip install transformer-engine); torch._scaled_mm "
                                       "has no backward")
-        result = FP8CompilationResult(model, implementation="transformer_engine" if te
-                                      else "torch._scaled_mm")
-        total = converted = 0
-        for name, module in list(model.named_modules()):
-            if type(module) is not nn.Linear:
-                continue
-            total += module.weight.numel()
-            if module.in_features % ALIGNMENT or module.out_features % ALIGNMENT:
-                result.skipped_layers[name] = (
-                    f"{module.in_features}x{module.out_features} is not divisible by "
-                    f"{ALIGNMENT}")
-                continue
-            _replace(model, name, _te_linear(te, module) if te else FP8Linear.from_linear(module))
-            result.fp8_layers.append(name)
-            converted += module.weight.numel()
-        result.coverage = converted / total if total else 0.0
+        make = (lambda linear: _te_linear(te, linear)) if te else FP8Linear.from_linear
+        result = convert_linears_to_fp8(
+            model, E4M3, make, "transformer_engine" if te else "torch._scaled_mm",
+            FP8CompilationError)
         if te is not None and result.fp8_layers:
             result.model = _TransformerEngineFP8(model, te)
-        logger.info("FP8: %d linear layers converted (%.0f%% of linear weights), %d skipped",
-                    len(result.fp8_layers), result.coverage * 100, len(result.skipped_layers))
         return result
 
     @staticmethod
     def get_fp8_stats(model: nn.Module) -> dict[str, Any]:
         """{"fp8_layers", "linear_layers", "fp8_coverage"}: coverage by weight count."""
-        fp8 = [m for m in model.modules() if isinstance(m, FP8Linear)]
-        linear = [m for m in model.modules() if type(m) is nn.Linear]
-        fp8_weights = sum(m.in_features * m.out_features for m in fp8)
-        all_weights = fp8_weights + sum(m.weight.numel() for m in linear)
-        return {"fp8_layers": len(fp8), "linear_layers": len(fp8) + len(linear),
-                "fp8_coverage": fp8_weights / all_weights if all_weights else 0.0}
+        return core_fp8.fp8_stats(model)
+
+
+__all__ = ["ALIGNMENT", "E4M3", "E4M3_MAX", "FP8CompilationResult", "FP8Compiler", "FP8Linear",
+           "quantize_e4m3"]

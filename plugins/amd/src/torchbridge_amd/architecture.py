@@ -1,0 +1,143 @@
+"""AMD GPU architectures by gfx name, and the precision policy that follows.
+
+torch reports the architecture as `torch.cuda.get_device_properties(i).gcnArchName` with the
+target features after colons ("gfx942:sramecc+:xnack-" on an MI300X, "gfx1100" on an RX
+7900 XTX, as torch prints them); the name is the part before the first colon, which is
+also how AOTriton reads it (tritonsrc/rocm_arch.py: "gfx942:sramecc+:xnack-" ->
+"gfx942"). Only names AMD has published are in the table; anything else is "unknown" and
+no low-precision dtype is assumed.
+
+Sources of the policy (torch 2.13 unless said otherwise):
+- FP8: torch's `_scaled_mm` allows gfx942, gfx950, gfx1200, gfx1201 on ROCm and uses the
+  fnuz formats only on gfx94x (`_scaled_mm_allowed_device` / `_scaled_mm_is_fnuz` in
+  aten/src/ATen/native/cuda/Blas.cpp; torch/testing/_internal/common_cuda.py
+  `evaluate_platform_supports_fp8`: gfx94, gfx120 from ROCm 6.3, gfx95 from ROCm 6.5).
+- MX formats (MXFP8/MXFP4 block-scaled GEMM): gfx950 with ROCm 7.0
+  (common_cuda.py `evaluate_platform_supports_mx_gemm`).
+- TF32: `torch.cuda.is_tf32_supported()` is true on ROCm for "gfx94" and "gfx95" names only
+  (torch/cuda/__init__.py).
+- BF16 on CDNA2 and newer and RDNA3 and newer (the matrix cores' bf16 instructions); the
+  issue's rule, narrower than `torch.cuda.is_bf16_supported()`, which answers True for any
+  ROCm GPU.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+
+class AMDFamily(str, enum.Enum):
+    CDNA1 = "cdna1"
+    CDNA2 = "cdna2"
+    CDNA3 = "cdna3"
+    CDNA4 = "cdna4"
+    RDNA2 = "rdna2"
+    RDNA3 = "rdna3"
+    RDNA3_5 = "rdna3.5"
+    RDNA4 = "rdna4"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    family: AMDFamily
+    products: str
+    consumer: bool  # a Radeon (RDNA) part: HSA_OVERRIDE_GFX_VERSION is the known workaround
+
+
+ARCHITECTURES: dict[str, ArchInfo] = {
+    "gfx908": ArchInfo(AMDFamily.CDNA1, "Instinct MI100", False),
+    "gfx90a": ArchInfo(AMDFamily.CDNA2, "Instinct MI210/MI250/MI250X", False),
+    # gfx940 and gfx941 were pre-production MI300 parts; shipping MI300A/X and MI325X are gfx942.
+    "gfx940": ArchInfo(AMDFamily.CDNA3, "Instinct MI300 (early)", False),
+    "gfx941": ArchInfo(AMDFamily.CDNA3, "Instinct MI300 (early)", False),
+    "gfx942": ArchInfo(AMDFamily.CDNA3, "Instinct MI300A/MI300X/MI325X", False),
+    "gfx950": ArchInfo(AMDFamily.CDNA4, "Instinct MI350X/MI355X", False),
+    "gfx1030": ArchInfo(AMDFamily.RDNA2, "Radeon RX 6800/6900, PRO W6800", True),
+    "gfx1031": ArchInfo(AMDFamily.RDNA2, "Radeon RX 6700 XT/6750 XT", True),
+    "gfx1032": ArchInfo(AMDFamily.RDNA2, "Radeon RX 6600/6650 XT", True),
+    "gfx1100": ArchInfo(AMDFamily.RDNA3, "Radeon RX 7900 XTX/XT/GRE, PRO W7900", True),
+    "gfx1101": ArchInfo(AMDFamily.RDNA3, "Radeon RX 7800 XT/7700 XT, PRO W7700", True),
+    "gfx1102": ArchInfo(AMDFamily.RDNA3, "Radeon RX 7600", True),
+    "gfx1103": ArchInfo(AMDFamily.RDNA3, "Radeon 780M/760M (Phoenix APU)", True),
+    "gfx1150": ArchInfo(AMDFamily.RDNA3_5, "Radeon 890M (Strix Point APU)", True),
+    "gfx1151": ArchInfo(AMDFamily.RDNA3_5, "Radeon 8060S (Strix Halo APU)", True),
+    "gfx1200": ArchInfo(AMDFamily.RDNA4, "Radeon RX 9060 XT", True),
+    "gfx1201": ArchInfo(AMDFamily.RDNA4, "Radeon RX 9070 XT/9070, AI PRO R9700", True),
+}
+_BF16 = {AMDFamily.CDNA2, AMDFamily.CDNA3, AMDFamily.CDNA4, AMDFamily.RDNA3,
+         AMDFamily.RDNA3_5, AMDFamily.RDNA4}
+_FNUZ = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+_OCP = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def arch_name(gcn_arch_name: str) -> str:
+    """"gfx942:sramecc+:xnack-" -> "gfx942"."""
+    return gcn_arch_name.split(":", 1)[0].strip()
+
+
+def family_of(arch: str) -> AMDFamily:
+    info = ARCHITECTURES.get(arch)
+    return info.family if info else AMDFamily.UNKNOWN
+
+
+def fp8_dtypes(arch: str) -> tuple[torch.dtype, torch.dtype] | None:
+    """(e4m3, e5m2) the FP8 units of `arch` compute in, or None."""
+    if arch in ("gfx940", "gfx941", "gfx942"):
+        return _FNUZ
+    if arch in ("gfx950", "gfx1200", "gfx1201"):
+        return _OCP
+    return None
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """What the matrix cores of one architecture compute natively."""
+
+    architecture: str  # the gfx name, or "unknown"
+    family: AMDFamily
+    fp16: bool
+    bf16: bool
+    fp8: tuple[torch.dtype, torch.dtype] | None
+    tf32: bool
+    mx_formats: tuple[str, ...]
+
+    @property
+    def fp8_dtype(self) -> torch.dtype | None:
+        """The e4m3 dtype FP8 linears use here."""
+        return self.fp8[0] if self.fp8 else None
+
+    @property
+    def supported_dtypes(self) -> list[str]:
+        dtypes = ["float32"]
+        if self.fp16:
+            dtypes.append("float16")
+        if self.bf16:
+            dtypes.append("bfloat16")
+        if self.fp8:
+            dtypes += [str(d).removeprefix("torch.") for d in self.fp8]
+        return dtypes
+
+    @property
+    def preferred_low_precision_dtype(self) -> str | None:
+        """bf16 where native (float32's range: no loss scaling), else fp16."""
+        if self.bf16:
+            return "bfloat16"
+        return "float16" if self.fp16 else None
+
+
+def precision_policy(arch: str) -> PrecisionPolicy:
+    family = family_of(arch)
+    known = family is not AMDFamily.UNKNOWN
+    return PrecisionPolicy(
+        architecture=arch if known else "unknown",
+        family=family,
+        fp16=known,
+        bf16=family in _BF16,
+        fp8=fp8_dtypes(arch),
+        tf32=arch.startswith(("gfx94", "gfx95")) and known,
+        mx_formats=("mxfp8", "mxfp4") if arch == "gfx950" else (),
+    )

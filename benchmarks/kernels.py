@@ -90,36 +90,43 @@ def run(backend_name: str | None, dtype: torch.dtype) -> dict[str, Any]:
         report["device_name"] = backend.get_device_info().name
         report["copy_bandwidth_gbs"] = copy_bandwidth(backend.device, sync) / 1e9
     for op, args in cases(backend.device, dtype, small=on_cpu).items():
-        reference = getattr(ops, op)
-        ref_out = reference(*args)
-        entry: dict[str, Any] = {"implementations": {}}
-        choice = choose(op, backend, dtype=dtype)
-        for candidate in choice.candidates:
-            name = f"{candidate.implementation.name} ({candidate.provider})"
-            if candidate.reason is not None:
-                entry["implementations"][name] = {"skipped": candidate.reason}
-                continue
-            kernel = choice.bound(candidate)
-            result: dict[str, Any] = {"rel_error": relative_error(kernel(*args), ref_out),
-                                      "tolerance": TOLERANCES.get(dtype)}
-            if not on_cpu:
-                result["seconds"] = median_seconds(lambda k=kernel: k(*args), sync)
-            entry["implementations"][name] = result
-        if not on_cpu:
-            entry["reference_seconds"] = median_seconds(lambda: reference(*args), sync)
-            compiled = torch.compile(definition_of(op))
-            entry["compile_seconds"] = median_seconds(lambda: compiled(*args), sync)
-            moved = bytes_moved(args, ref_out)
-            entry["bytes"] = moved
-            for key in ("reference_seconds", "compile_seconds"):
-                entry[key.replace("seconds", "bandwidth_share")] = \
-                    moved / entry[key] / (report["copy_bandwidth_gbs"] * 1e9)
-            for result in entry["implementations"].values():
-                if "seconds" in result:
-                    result["bandwidth_share"] = moved / result["seconds"] / (
-                        report["copy_bandwidth_gbs"] * 1e9)
-        report["ops"][op] = entry
+        report["ops"][op] = measure_op(op, args, backend, dtype, report.get(
+            "copy_bandwidth_gbs"))
     return report
+
+
+def measure_op(op: str, args: tuple[Any, ...], backend: Any, dtype: torch.dtype,
+               copy_gbs: float | None) -> dict[str, Any]:
+    """One op: each implementation's error against the reference; with a device (copy_gbs
+    measured), the latencies and bandwidth shares of the reference, its compile and each."""
+    sync = backend.synchronize
+    reference = getattr(ops, op)
+    ref_out = reference(*args)
+    entry: dict[str, Any] = {"implementations": {}}
+    choice = choose(op, backend, dtype=dtype)
+    for candidate in choice.candidates:
+        name = f"{candidate.implementation.name} ({candidate.provider})"
+        if candidate.reason is not None:
+            entry["implementations"][name] = {"skipped": candidate.reason}
+            continue
+        kernel = choice.bound(candidate)
+        result: dict[str, Any] = {"rel_error": relative_error(kernel(*args), ref_out),
+                                  "tolerance": TOLERANCES.get(dtype)}
+        if copy_gbs is not None:
+            result["seconds"] = median_seconds(lambda k=kernel: k(*args), sync)
+        entry["implementations"][name] = result
+    if copy_gbs is None:
+        return entry
+    compiled = torch.compile(definition_of(op))
+    entry["reference_seconds"] = median_seconds(lambda: reference(*args), sync)
+    entry["compile_seconds"] = median_seconds(lambda: compiled(*args), sync)
+    moved = entry["bytes"] = bytes_moved(args, ref_out)
+    for key in ("reference", "compile"):
+        entry[f"{key}_bandwidth_share"] = moved / entry[f"{key}_seconds"] / (copy_gbs * 1e9)
+    for result in entry["implementations"].values():
+        if "seconds" in result:
+            result["bandwidth_share"] = moved / result["seconds"] / (copy_gbs * 1e9)
+    return entry
 
 
 def definition_of(op: str) -> Callable[..., Any]:

@@ -14,7 +14,6 @@ import importlib.util
 from typing import Any
 
 import torch
-
 from torchbridge.kernels.implementations import KernelImplementation
 
 HALF = (torch.float16, torch.bfloat16)

@@ -120,7 +120,7 @@ LAYERS = [
     {"torchbridge.config", "torchbridge.selection", "torchbridge.kernels.ops",
      "torchbridge.kernels.compute"},
     {"torchbridge.kernels.implementations"},
-    {"torchbridge.kernels.choice"},
+    {"torchbridge.kernels.choice", "torchbridge.kernels.fp8_linear"},
     {"torchbridge.kernels"},
 ]
 

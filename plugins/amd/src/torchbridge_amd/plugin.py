@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import torch
     from pydantic import BaseModel
     from torchbridge.backend import Backend
+    from torchbridge.kernels.implementations import KernelImplementation
     from torchbridge.levels import OptimizationLevel
     from torchbridge.optimize.passes import OptimizationPass
 
@@ -85,6 +86,13 @@ def torchbridge_backend_created(backend: Backend) -> None:
     for index in range(backend.device_count):
         for warning in preflight_for(index).warnings:
             logger.warning("%s", warning)
+
+
+@hookimpl
+def torchbridge_kernel_implementations() -> list[KernelImplementation]:
+    from torchbridge_amd.kernels import implementations
+
+    return implementations()
 
 
 @hookimpl

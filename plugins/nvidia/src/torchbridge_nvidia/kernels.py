@@ -1,7 +1,8 @@
 """The NVIDIA plugin's kernel implementations: flash-attn 3 (Hopper) and flash-attn 2
-(Ampere and later) as implementations of the core's `scaled_dot_product_attention` op on
-cuda. The op takes (batch, heads, seq, head_dim) like torch's SDPA; flash-attn takes
-(batch, seq, heads, head_dim), so the layout is transposed around the call.
+(Ampere and later) for the core's `scaled_dot_product_attention` op on cuda, and the
+core's FP8 linear (e4m3fn) for the `linear` op from compute capability 8.9. The attention
+op takes (batch, heads, seq, head_dim) like torch's SDPA; flash-attn takes (batch, seq,
+heads, head_dim), so the layout is transposed around the call.
 
 Each declines what flash-attn cannot do (a mask, float32, head sizes it has no kernel
 for, flash-attn 3 off Hopper), and the reference (torch's SDPA) runs that call instead.
@@ -14,6 +15,7 @@ import importlib.util
 from typing import Any
 
 import torch
+from torchbridge.kernels.fp8_linear import fp8_linear_implementation
 from torchbridge.kernels.implementations import KernelImplementation
 
 HALF = (torch.float16, torch.bfloat16)
@@ -80,4 +82,7 @@ def implementations() -> list[KernelImplementation]:
             dtypes=HALF, min_capability=(8, 0), declines=_declines, priority=1,
             unavailable=_missing("flash_attn", "flash-attn 2 (flash_attn)"),
             description="FlashAttention-2"),
+        # FP8 tensor cores: Ada (8.9) and Hopper (9.0) onwards.
+        fp8_linear_implementation("cuda_fp8_linear_e4m3", torch.float8_e4m3fn,
+                                  backends=("cuda",), min_capability=(8, 9)),
     ]

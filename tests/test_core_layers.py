@@ -110,7 +110,7 @@ def test_core_modules_form_no_import_cycle() -> None:
 
 LAYERS = [
     {"torchbridge.errors", "torchbridge.types", "torchbridge.hookspecs"},
-    {"torchbridge.levels", "torchbridge.devices"},
+    {"torchbridge.levels", "torchbridge.devices", "torchbridge.atomic_file"},
     {"torchbridge.plugins"},
     {"torchbridge.config", "torchbridge.selection", "torchbridge.kernels"},
 ]

@@ -73,14 +73,40 @@ def test_config_file_variable_pointing_at_a_directory_fifo_or_overlong_name(
                                                         str(tmp_path / "fifo.toml"))
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
-                    reason="root reads any file")
-def test_an_unreadable_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                     ) -> None:  # pragma: no cover - CI runs as root
-    path = tmp_path / "secret.toml"
-    path.write_text("strict = true\n")
-    path.chmod(0)
-    assert "Permission denied" in named_file_error(monkeypatch, str(path))
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_an_unreadable_file_is_named() -> None:
+    """Read by a forked child that is not root (root reads any file)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        os.chmod(folder, 0o755)
+        path = folder / "secret.toml"
+        path.write_text("strict = true\n")
+        path.chmod(0)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            message = "loaded"
+            try:
+                if os.geteuid() == 0:
+                    os.setgid(65534)
+                    os.setuid(65534)
+                TorchBridgeConfig.load(path)
+            except ConfigurationError as exc:
+                message = f"{exc}|{exc.source}"
+            except BaseException as exc:
+                message = f"{type(exc).__name__}: {exc}"
+            os.write(write, message.encode())
+            os._exit(0)
+        os.close(write)
+        outcome = os.read(read, 65536).decode()
+        os.close(read)
+        os.waitpid(pid, 0)
+        assert outcome == f"config file {path} cannot be read: Permission denied|{path}"
+    finally:
+        shutil.rmtree(folder)
 
 
 # -- values -------------------------------------------------------------------------------

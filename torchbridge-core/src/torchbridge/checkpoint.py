@@ -198,7 +198,10 @@ def load_checkpoint(path: str | os.PathLike[str], backend: Any = None,
     try:
         state = torch.load(path, map_location="cpu", weights_only=weights_only)
     except Exception as exc:
-        intact = zipfile.is_zipfile(path) or _legacy_torch_file(path)
+        # A verified zip is as torch.save wrote it; a legacy file has no checksums, so it
+        # counts as intact only when it starts like one and the refusal names a global.
+        intact = zipfile.is_zipfile(path) or (
+            _legacy_torch_file(path) and "Unsupported global" in str(exc))
         if weights_only and isinstance(exc, pickle.UnpicklingError) and intact:
             raise CheckpointError(
                 f"checkpoint {path} is intact but holds objects other than tensors and plain "

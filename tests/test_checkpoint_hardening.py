@@ -441,7 +441,10 @@ def test_arbitrary_bytes_are_a_checkpoint_error_never_advice_to_run_them(
     assert "weights_only=False" not in str(info.value)
 
 
-def test_paths_of_the_wrong_type_are_checkpoint_errors() -> None:
+def test_arguments_of_the_wrong_type_are_checkpoint_errors(tmp_path: Path) -> None:
+    torchbridge.save_checkpoint({"w": torch.ones(1)}, tmp_path / "m.pt")
+    with pytest.raises(CheckpointError, match="backend must be a Backend"):
+        torchbridge.load_checkpoint(tmp_path / "m.pt", backend=3)
     with pytest.raises(CheckpointError, match="path must be"):
         torchbridge.load_checkpoint(3)  # type: ignore[arg-type]
     with pytest.raises(CheckpointError, match="path must be"):

@@ -186,8 +186,13 @@ def load_checkpoint(path: str | os.PathLike[str], backend: Any = None,
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise CheckpointError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     device = None
-    if backend is not None:  # before reading: a wrong backend fails fast
-        device = (get_backend(backend) if isinstance(backend, str) else backend).device
+    if isinstance(backend, str):  # before reading: a wrong backend fails fast
+        device = get_backend(backend).device
+    elif backend is not None:
+        device = getattr(backend, "device", None)
+        if not isinstance(device, torch.device):
+            raise CheckpointError(f"backend must be a Backend or a backend name such as "
+                                  f"'tpu', got {type(backend).__name__}")
     _check_file(path)
     remove_dead_temporaries(path.resolve().parent)
     damage = None

@@ -51,6 +51,14 @@ def test_byte_bounds_hold_on_storage_bytes() -> None:
     assert manager.clear_pool() == 4096
 
 
+def test_pool_limits_must_be_integers_at_least_zero() -> None:
+    backend = torchbridge.get_backend("cpu")
+    for limits in ({"pool_max_tensors": -1}, {"pool_max_tensors": float("nan")},
+                   {"pool_max_bytes": 1.5}, {"pool_max_tensors": True}):
+        with pytest.raises(ConfigurationError, match="pool limits must be integers >= 0"):
+            MemoryManager(backend, **limits)  # type: ignore[arg-type]
+
+
 def test_pooled_tensors_carry_no_autograd_history(manager: MemoryManager) -> None:
     w = torch.ones(16, requires_grad=True)
     assert manager.return_to_pool(w)

@@ -117,8 +117,11 @@ class MemoryManager:
 
     def __init__(self, backend: Backend, *, pool_max_tensors: int = 64,
                  pool_max_bytes: int | None = None) -> None:
-        if pool_max_tensors < 0 or (pool_max_bytes is not None and pool_max_bytes < 0):
-            raise ConfigurationError("pool limits must be >= 0, got "
+        def bad(limit: object) -> bool:
+            return isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
+
+        if bad(pool_max_tensors) or (pool_max_bytes is not None and bad(pool_max_bytes)):
+            raise ConfigurationError("pool limits must be integers >= 0, got "
                                      f"pool_max_tensors={pool_max_tensors}, "
                                      f"pool_max_bytes={pool_max_bytes}")
         self.backend = backend

@@ -139,8 +139,14 @@ def test_validate_with_a_module_function_from_the_working_directory(
         "def build():\n"
         "    return torch.nn.Linear(4, 2), torch.randn(3, 4)\n"
         "def broken():\n"
-        "    raise RuntimeError('no weights here')\n")
+        "    raise RuntimeError('no weights here')\n"
+        "def misfit():\n"
+        "    return torch.nn.Linear(4, 2), torch.randn(3, 5)\n")
     assert main(["validate", "--model", "my_models:build", "--backends", "cpu,example"]) == 0
     assert "PASSED" in capsys.readouterr().out
     assert main(["validate", "--model", "my_models:broken", "--backends", "cpu,example"]) == 2
     assert "the function raised RuntimeError: no weights here" in capsys.readouterr().err
+    assert main(["validate", "--model", "my_models:misfit", "--backends", "cpu,example"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("torchbridge validate: error: --model my_models:misfit: the "
+                          "reference backend cpu failed") and "\n" not in err, err

@@ -239,13 +239,26 @@ def _usable_backends(requested: list[str] | None, config: Any) -> list[Any]:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    import logging
+
     from torchbridge.validation import validate
+
+    # The report (or the error line) states each backend's failure; logged too, it would
+    # be printed twice.
+    logging.getLogger("torchbridge.validation").setLevel(logging.ERROR)
 
     config = _load_config()
     backends = _usable_backends(args.backends, config)
     model, sample = _load_model(args.model, args.batch)
-    report = validate(model, sample, backends, level=args.level,  # type: ignore[arg-type]
-                      tolerance=args.tolerance)
+    try:
+        report = validate(model, sample, backends, level=args.level,  # type: ignore[arg-type]
+                          tolerance=args.tolerance)
+    except RuntimeError as exc:
+        # validate raises this one RuntimeError itself when the model does not run on the
+        # reference backend (most often: the sample input does not fit the model).
+        if not str(exc).startswith("the reference backend "):
+            raise
+        raise UsageError(f"--model {args.model}: {exc}") from exc
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
     return 0 if report.passed else 1
 

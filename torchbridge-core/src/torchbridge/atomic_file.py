@@ -148,17 +148,18 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], None], *,
         target = Path(os.path.realpath(path))
         folder = target.parent
         try:
-            existing = os.stat(target)
+            existing: os.stat_result | None = os.stat(target)
         except FileNotFoundError:
             existing = None
-        if existing is not None and stat.S_ISDIR(existing.st_mode):
-            raise fail("it is a directory")
-        if existing is not None and not stat.S_ISREG(existing.st_mode):
-            raise fail("it is not a regular file")
-        if not folder.is_dir():
-            raise fail(f"directory {folder} does not exist")
+        folder_exists = folder.is_dir()
     except (OSError, ValueError) as exc:  # overlong name, NUL byte, loop of links, ...
         raise fail(describe_os_error(exc)) from exc
+    if existing is not None and stat.S_ISDIR(existing.st_mode):
+        raise fail("it is a directory")
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        raise fail("it is not a regular file")
+    if not folder_exists:
+        raise fail(f"directory {folder} does not exist")
     remove_dead_temporaries(folder)
     tmp = folder / temp_name(target.name)
     try:

@@ -15,7 +15,7 @@ nox.options.default_venv_backend = "venv"
 
 TORCH = ["torch==2.13.0", "numpy"]
 # Optional integrations the tests exercise (never dependencies of the core).
-TEST_EXTRAS = ["lightning>=2.4,<3"]
+TEST_EXTRAS = ["lightning>=2.4,<3", "hypothesis>=6.100"]
 # The meta-distribution with every extra, resolved against the local plugin folders.
 PACKAGES = ["./torchbridge-core", "./plugins/nvidia", "./plugins/amd", "./plugins/intel",
             "./plugins/tpu", ".[all]"]

@@ -166,4 +166,4 @@ def test_cpu_memory_manager_refuses_more_than_the_host_has() -> None:
     assert manager.return_to_pool(t) and not manager.return_to_pool(torch.empty(256))
     assert manager.allocate_tensor((256,)) is t
     assert manager.pool_stats()["default"] == {"hits": 1, "misses": 1, "dropped": 1,
-                                               "tensors": 0, "bytes": 0}
+                                               "refused": 0, "tensors": 0, "bytes": 0}

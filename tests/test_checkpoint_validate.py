@@ -74,7 +74,7 @@ def test_bad_files_and_arguments_name_the_problem(tmp_path: Path) -> None:
     truncated = tmp_path / "cut.pt"
     torchbridge.save_checkpoint({"w": torch.ones(1000)}, truncated)
     truncated.write_bytes(truncated.read_bytes()[:100])
-    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match="damaged or not a checkpoint"):
         torchbridge.load_checkpoint(truncated)
     with pytest.raises(CheckpointError, match=r"directory .* does not exist"):
         torchbridge.save_checkpoint({}, tmp_path / "no" / "dir.pt")

@@ -115,7 +115,7 @@ LAYERS = [
     {"torchbridge.kernels.triton.rms_norm", "torchbridge.kernels.triton.silu_mul",
      "torchbridge.kernels.triton.rotary"},
     {"torchbridge.kernels.triton"},
-    {"torchbridge.levels", "torchbridge.devices", "torchbridge.fp8"},
+    {"torchbridge.levels", "torchbridge.devices", "torchbridge.fp8", "torchbridge.atomic_file"},
     {"torchbridge.plugins"},
     {"torchbridge.config", "torchbridge.selection", "torchbridge.kernels.ops",
      "torchbridge.kernels.compute"},

@@ -274,7 +274,8 @@ def test_tensor_pool_reuses_and_stays_bounded(manager_on_a_t4: tuple) -> None:
     d = manager.allocate_tensor((8, 8), pool_id="batch")
     assert [manager.return_to_pool(t, "batch") for t in (b, c, d)] == [True, True, False]
     assert manager.pool_stats("batch") == {"batch": {"hits": 1, "misses": 3, "dropped": 1,
-                                                     "tensors": 2, "bytes": 256 + 128}}
+                                                     "refused": 0, "tensors": 2,
+                                                     "bytes": 256 + 128}}
     assert manager.clear_pool("batch") == 384
     assert manager.pool_stats()["batch"]["tensors"] == 0
     assert events[-1] == "empty_cache"

@@ -24,7 +24,12 @@ from torchbridge.kernels import compute, resolve_kernel
 from torchbridge.memory import MemoryManager, apply_memory_fraction
 from torchbridge.optimize.pipeline import run_pipeline
 from torchbridge.plugins import exclusive_step, get_plugin_host
-from torchbridge.selection import backend_status, best_available, list_backends
+from torchbridge.selection import (
+    backend_status,
+    best_available,
+    list_backends,
+    parse_backend_spec,
+)
 from torchbridge.types import BackendStatus, DeviceInfo, MemoryStats
 
 if TYPE_CHECKING:
@@ -351,14 +356,10 @@ def get_backend(name: str | None = None, config: TorchBridgeConfig | None = None
         raise TypeError(f"config must be a TorchBridgeConfig, got {type(config).__name__}")
     config = config if config is not None else TorchBridgeConfig.load()
     statuses = list_backends()
-    chosen = name or config.backend or best_available(statuses).name
+    chosen = name if name is not None else config.backend or best_available(statuses).name
     index = 0
-    if isinstance(chosen, str) and ":" in chosen:  # "cuda:1"
-        chosen, _, idx = chosen.partition(":")
-        if not (idx.isascii() and idx.isdigit()):
-            raise DeviceError(f"bad device index {idx!r} in backend name {chosen}:{idx}; "
-                              "expected a number such as cuda:1")
-        index = int(idx)
+    if isinstance(chosen, str):  # "cuda:1"; "" and "cuda:x" are DeviceErrors
+        chosen, index = parse_backend_spec(chosen)
     return Backend(backend_status(chosen, statuses), config, index=index)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import threading
 from dataclasses import dataclass
@@ -54,11 +55,14 @@ _PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
 
 
 def _source_of(loc: tuple[str, ...], sources: dict[tuple[str, ...], str]) -> str:
-    """Where the value at `loc` came from: the longest recorded prefix of its path."""
+    """Where the value at `loc` came from: the longest recorded prefix of its path, else
+    the sources of the values recorded below it (an unknown section set through
+    TORCHBRIDGE_HARDWARE__X__Y is recorded at hardware.x.y and reported at hardware.x)."""
     for cut in range(len(loc), 0, -1):
         if loc[:cut] in sources:
             return sources[loc[:cut]]
-    return "defaults"
+    below = sorted({source for path, source in sources.items() if path[:len(loc)] == loc})
+    return " and ".join(below) if below else "defaults"
 
 
 def _raise_configuration_error(exc: ValidationError, prefix: tuple[str, ...],
@@ -90,14 +94,26 @@ class ConfigSection(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-    _path: str = PrivateAttr(default="")
+    # Where this section sits in its root config: "" for the root, None while unbound.
+    _path: str | None = PrivateAttr(default=None)
+
+    def _prefix(self) -> tuple[str, ...]:
+        if self._path is None:
+            return (type(self).__name__,)
+        return tuple(self._path.split(".")) if self._path else ()
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            super().__setattr__(name, value)
+            return
+        prefix = self._prefix()
         try:
             super().__setattr__(name, value)
         except ValidationError as exc:
-            prefix = tuple(self._path.split(".")) if self._path else (type(self).__name__,)
             _raise_configuration_error(exc, prefix, {(*prefix, name): "assignment"})
+        child = getattr(self, name, None)
+        if isinstance(child, ConfigSection) and self._path is not None:
+            child._bind_paths(".".join((*prefix, name)))
 
     def _bind_paths(self, path: str) -> None:
         """Tell this model and the sections inside it where they sit in the root config."""
@@ -151,7 +167,17 @@ class OptimizationConfig(ConfigSection):
 
 
 class HardwareConfig(ConfigSection):
-    """Holds one section per installed plugin; the concrete class is built at load time."""
+    """Holds one section per installed plugin; the concrete class is built at load time.
+    It pickles as its values, rebuilt against the receiving process's plugin sections."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild_hardware, (self.model_dump(by_alias=True),)
+
+
+def _rebuild_hardware(values: dict[str, Any]) -> HardwareConfig:
+    hardware = _validate_hardware(values, {("hardware",): "a pickled config"})
+    hardware._bind_paths("hardware")
+    return hardware
 
 
 @dataclass(frozen=True)
@@ -229,31 +255,86 @@ def hardware_model() -> type[HardwareConfig]:
     return hardware_sections().model
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _shown(path: Path) -> str:
+    """A path for a message; an overlong one shortened (it may be thousands of characters)."""
+    text = str(path)
+    return text if len(text) <= 200 else f"{text[:120]}...{text[-60:]} ({len(text)} characters)"
+
+
+def _read_file(path: Path) -> bytes:
+    """The bytes of config file `path`; ConfigurationError naming it for anything that is
+    not a readable regular file. Opened non-blocking, so a FIFO is refused, not waited on."""
+    def error(problem: str) -> ConfigurationError:
+        return ConfigurationError(f"config file {_shown(path)} {problem}", source=str(path))
+
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigurationError(f"cannot read config file {path}: {exc}",
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise error("does not exist") from None
+    except IsADirectoryError:
+        raise error("is a directory, not a file") from None
+    except (OSError, ValueError) as exc:  # permissions, an overlong name, a NUL byte
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise error(f"cannot be read: {reason}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise error("is a directory, not a file")
+        if not stat.S_ISREG(mode):
+            raise error("is not a regular file (a FIFO, socket or device)")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise error(f"cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _read_toml(path: Path, data: bytes | None = None) -> dict[str, Any]:
+    """The TorchBridge settings in `path`: the whole of a torchbridge.toml, the
+    [tool.torchbridge] table of a pyproject.toml."""
+    raw = _read_file(path) if data is None else data
+    shown = _shown(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(f"config file {shown} is not UTF-8 text (TOML must be): "
+                                 f"{exc}", source=str(path)) from None
+    try:
+        settings: Any = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigurationError(f"config file {shown} is not valid TOML: {exc}",
                                  source=str(path)) from None
     if path.name == "pyproject.toml":
-        data = data.get("tool", {}).get("torchbridge", {})
-    if not isinstance(data, dict):
-        raise ConfigurationError(f"{path}: [tool.torchbridge] must be a table", source=str(path))
-    return data
+        tool = settings.get("tool", {})
+        if not isinstance(tool, dict):
+            raise ConfigurationError(f"config file {shown}: `tool` must be a table, got "
+                                     f"{tool!r}", source=str(path))
+        settings = tool.get("torchbridge", {})
+        if not isinstance(settings, dict):
+            raise ConfigurationError(f"config file {shown}: [tool.torchbridge] must be a "
+                                     f"table, got {settings!r}", source=str(path))
+    return dict(settings)
 
 
 def find_config_file(start: Path | None = None) -> Path | None:
     """TORCHBRIDGE_CONFIG_FILE, else torchbridge.toml, else a pyproject.toml with
-    [tool.torchbridge], in the working directory."""
+    [tool.torchbridge], in the working directory. A pyproject.toml that does not mention
+    torchbridge is not parsed: it is some other tool's, and its faults are not ours."""
     explicit = os.environ.get(CONFIG_FILE_ENV)
     if explicit:
         return Path(explicit)
     folder = start or Path.cwd()
-    if (folder / "torchbridge.toml").is_file():
+    if os.path.lexists(folder / "torchbridge.toml"):
         return folder / "torchbridge.toml"
     pyproject = folder / "pyproject.toml"
-    if pyproject.is_file() and _read_toml(pyproject):
-        return pyproject
+    if pyproject.is_file():
+        data = _read_file(pyproject)
+        if b"torchbridge" in data and _read_toml(pyproject, data):
+            return pyproject
     return None
 
 
@@ -377,6 +458,23 @@ class TorchBridgeConfig(ConfigSection):
         self._bind_paths("")
         self._sources = {".".join(path): source for path, source in sources.items()}
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "hardware" and isinstance(value, dict):
+            # The field's declared type is the empty base class; the sections are checked
+            # against this plugin set's concrete class, as when loading.
+            value = _validate_hardware(value, {("hardware",): "assignment"})
+        super().__setattr__(name, value)
+        if not name.startswith("_") and name in type(self).model_fields:
+            self._sources = {key: source for key, source in self._sources.items()
+                             if key != name and not key.startswith(f"{name}.")}
+            self._sources[name] = "assignment"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles as its values and their sources, rebuilt in the receiving process
+        against its own plugin sections (a spawned worker gets an equal config)."""
+        return _rebuild_config, (type(self), self.model_dump(by_alias=True),
+                                 dict(self._sources))
+
     @field_validator("optimization_level", mode="before")
     @classmethod
     def _parse_level(cls, value: Any) -> Any:
@@ -411,8 +509,6 @@ class TorchBridgeConfig(ConfigSection):
             flat.update(_flatten(cls._PRESETS[preset], f"preset {preset}"))
         path = Path(config_file) if config_file is not None else find_config_file()
         if path is not None:
-            if not path.is_file():
-                raise ConfigurationError(f"config file {path} does not exist", source=str(path))
             flat.update(_flatten(_read_toml(path), str(path)))
         flat.update(_env_layer(dict(os.environ if environ is None else environ)))
         flat.update(_flatten(overrides, "keyword arguments"))
@@ -437,6 +533,17 @@ class TorchBridgeConfig(ConfigSection):
     def for_development(cls, **overrides: Any) -> TorchBridgeConfig:
         """O0, strict, debug logging: nothing clever between you and your bug."""
         return cls.load(preset="development", **overrides)
+
+
+def _rebuild_config(cls: type[TorchBridgeConfig], values: dict[str, Any],
+                    sources: dict[str, str]) -> TorchBridgeConfig:
+    _load_context.sources = {(key,): "a pickled config" for key in values}
+    try:
+        config = cls(**values)
+    finally:
+        _load_context.sources = None
+    config._sources = dict(sources)
+    return config
 
 
 _load_context = threading.local()

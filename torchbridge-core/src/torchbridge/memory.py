@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -74,8 +75,27 @@ class PoolStats:
     hits: int = 0
     misses: int = 0
     dropped: int = 0  # returned while the pool was full, left to the allocator
+    refused: int = 0  # a view, an empty tensor, or a buffer already in a pool
     tensors: int = 0
-    bytes: int = 0
+    bytes: int = 0  # of the pooled tensors' storages
+
+
+def _storage_bytes(tensor: torch.Tensor) -> int:
+    return int(tensor.untyped_storage().nbytes())
+
+
+def _refusal(tensor: torch.Tensor) -> str | None:
+    """Why `tensor` cannot be pooled: the pool hands out whole buffers of a shape, so a
+    tensor must be its storage, all of it. A one-element view of a 200 MB tensor would
+    keep the 200 MB alive while counting 4 bytes."""
+    storage = _storage_bytes(tensor)
+    if storage == 0:
+        return "it holds no memory"
+    if tensor.storage_offset() != 0 or not tensor.is_contiguous() or \
+            tensor.nbytes != storage:
+        return (f"it is a view ({tensor.nbytes} bytes of a {storage}-byte storage); return "
+                "the tensor that owns the storage")
+    return None
 
 
 class MemoryManager:
@@ -87,16 +107,21 @@ class MemoryManager:
 
     The pool keeps returned tensors per `pool_id` and hands them out again for the same
     shape and dtype (contents are not cleared, as with torch.empty). It is bounded: at most
-    `pool_max_tensors` tensors and `pool_max_bytes` bytes per pool; a tensor returned to a
-    full pool is dropped and freed normally.
+    `pool_max_tensors` tensors and `pool_max_bytes` bytes per pool, counted by storage; a
+    tensor returned to a full pool is dropped and freed normally. A buffer is in the pools
+    at most once (a second return of it is refused), and only a tensor that is its whole
+    storage is kept (a view is refused). The pool is safe to use from several threads.
     """
 
     oom_error: type[OutOfMemoryError] = OutOfMemoryError
 
     def __init__(self, backend: Backend, *, pool_max_tensors: int = 64,
                  pool_max_bytes: int | None = None) -> None:
-        if pool_max_tensors < 0 or (pool_max_bytes is not None and pool_max_bytes < 0):
-            raise ConfigurationError("pool limits must be >= 0, got "
+        def bad(limit: object) -> bool:
+            return isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
+
+        if bad(pool_max_tensors) or (pool_max_bytes is not None and bad(pool_max_bytes)):
+            raise ConfigurationError("pool limits must be integers >= 0, got "
                                      f"pool_max_tensors={pool_max_tensors}, "
                                      f"pool_max_bytes={pool_max_bytes}")
         self.backend = backend
@@ -105,6 +130,8 @@ class MemoryManager:
         self.pool_max_bytes = pool_max_bytes
         self._pools: dict[str, dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]]] = {}
         self._stats: dict[str, PoolStats] = {}
+        self._pooled: dict[int, str] = {}  # storage address -> pool holding it
+        self._lock = threading.Lock()
 
     def get_memory_stats(self) -> Any:
         return self.backend.get_memory_stats()
@@ -140,9 +167,9 @@ class MemoryManager:
     def _margin(self, safety_margin: float | None) -> float:
         margin = memory_setting(self.backend, "oom_safety_margin") \
             if safety_margin is None else safety_margin
-        if not margin >= 1.0:
-            raise ConfigurationError(f"safety_margin must be >= 1.0, got {margin!r}",
-                                     field="safety_margin", value=margin)
+        if not (isinstance(margin, (int, float)) and 1.0 <= margin < math.inf):
+            raise ConfigurationError(f"safety_margin must be >= 1.0 and finite, got "
+                                     f"{margin!r}", field="safety_margin", value=margin)
         return float(margin)
 
     def allocate_with_oom_protection(self, shape: Sequence[int] | torch.Size | int,
@@ -173,51 +200,75 @@ class MemoryManager:
         """A tensor from pool `pool_id` if one of this shape and dtype is there (a hit),
         else a new OOM-protected allocation (a miss). Contents are uninitialized."""
         dims = _shape(shape)
-        stats = self._stats.setdefault(pool_id, PoolStats())
-        bucket = self._pools.get(pool_id, {}).get((dims, dtype))
-        if bucket:
-            tensor = bucket.pop()
-            stats.hits += 1
-            stats.tensors -= 1
-            stats.bytes -= tensor.nbytes
-            return tensor
-        stats.misses += 1
+        with self._lock:
+            stats = self._stats.setdefault(pool_id, PoolStats())
+            bucket = self._pools.get(pool_id, {}).get((dims, dtype))
+            if bucket:
+                tensor = bucket.pop()
+                del self._pooled[tensor.untyped_storage().data_ptr()]
+                stats.hits += 1
+                stats.tensors -= 1
+                stats.bytes -= _storage_bytes(tensor)
+                return tensor
+            stats.misses += 1
         return self.allocate_with_oom_protection(dims, dtype)
 
     def return_to_pool(self, tensor: torch.Tensor, pool_id: str = "default") -> bool:
-        """Keep `tensor` for reuse. False when the pool is full and the tensor was dropped."""
+        """Keep `tensor` for reuse. False when it was not kept: the pool is full (dropped),
+        or it is a view, empty, or its buffer is already in a pool (refused)."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"return_to_pool takes a tensor, got {type(tensor).__name__}")
         if tensor.device != self.device:
             raise ValueError(f"tensor is on {tensor.device}; this pool holds {self.device}")
-        stats = self._stats.setdefault(pool_id, PoolStats())
-        too_many = stats.tensors + 1 > self.pool_max_tensors
-        too_big = self.pool_max_bytes is not None and \
-            stats.bytes + tensor.nbytes > self.pool_max_bytes
-        if too_many or too_big:
-            stats.dropped += 1
-            return False
-        key = (tuple(tensor.shape), tensor.dtype)
-        self._pools.setdefault(pool_id, {}).setdefault(key, []).append(tensor)
-        stats.tensors += 1
-        stats.bytes += tensor.nbytes
-        return True
+        refusal = _refusal(tensor)
+        nbytes = _storage_bytes(tensor)
+        address = tensor.untyped_storage().data_ptr()
+        with self._lock:
+            stats = self._stats.setdefault(pool_id, PoolStats())
+            if refusal is None and address in self._pooled:
+                # Pooled twice, the buffer would go to two callers at once.
+                logger.warning("return_to_pool refused a tensor: its buffer is already in "
+                               "pool %r (returned twice?)", self._pooled[address])
+                stats.refused += 1
+                return False
+            if refusal is not None:
+                logger.debug("return_to_pool refused a tensor: %s", refusal)
+                stats.refused += 1
+                return False
+            too_many = stats.tensors + 1 > self.pool_max_tensors
+            too_big = self.pool_max_bytes is not None and \
+                stats.bytes + nbytes > self.pool_max_bytes
+            if too_many or too_big:
+                stats.dropped += 1
+                return False
+            key = (tuple(tensor.shape), tensor.dtype)
+            # A pooled buffer handed out again must not carry autograd history.
+            kept = tensor.detach() if tensor.requires_grad else tensor
+            self._pools.setdefault(pool_id, {}).setdefault(key, []).append(kept)
+            self._pooled[address] = pool_id
+            stats.tensors += 1
+            stats.bytes += nbytes
+            return True
 
     def clear_pool(self, pool_id: str | None = None) -> int:
         """Drop the pooled tensors of `pool_id` (all pools if None) and empty the device
         cache. Returns the bytes released from the pools."""
-        ids = list(self._pools) if pool_id is None else [pool_id]
         released = 0
-        for pid in ids:
-            self._pools.pop(pid, None)
-            stats = self._stats.get(pid)
-            if stats is not None:
-                released += stats.bytes
-                stats.tensors, stats.bytes = 0, 0
+        with self._lock:
+            ids = list(self._pools) if pool_id is None else [pool_id]
+            for pid in ids:
+                for bucket in self._pools.pop(pid, {}).values():
+                    for tensor in bucket:
+                        self._pooled.pop(tensor.untyped_storage().data_ptr(), None)
+                stats = self._stats.get(pid)
+                if stats is not None:
+                    released += stats.bytes
+                    stats.tensors, stats.bytes = 0, 0
         self.backend.empty_cache()
         return released
 
     def pool_stats(self, pool_id: str | None = None) -> dict[str, dict[str, int]]:
-        """{pool_id: {"hits", "misses", "dropped", "tensors", "bytes"}}."""
-        ids = list(self._stats) if pool_id is None else [pool_id]
-        return {pid: vars(self._stats.get(pid, PoolStats())).copy() for pid in ids}
+        """{pool_id: {"hits", "misses", "dropped", "refused", "tensors", "bytes"}}."""
+        with self._lock:
+            ids = list(self._stats) if pool_id is None else [pool_id]
+            return {pid: vars(self._stats.get(pid, PoolStats())).copy() for pid in ids}

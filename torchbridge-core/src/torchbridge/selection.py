@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from torchbridge import devices
-from torchbridge.errors import BackendUnavailableError
+from torchbridge.errors import BackendUnavailableError, DeviceError
 from torchbridge.plugins import (
     PluginHost,
     PluginRecord,
@@ -179,6 +179,22 @@ def list_backends(rescan: bool = False) -> list[BackendStatus]:
         statuses = _discover(host)
     _discovery = (host, host.generation, statuses)
     return list(statuses)
+
+
+def parse_backend_spec(spec: str) -> tuple[str, int]:
+    """A backend string split into name and device index: "cuda" -> ("cuda", 0), "cuda:1"
+    -> ("cuda", 1). A malformed one (no name, an index that is not a plain decimal number)
+    is a DeviceError naming it; whether the name exists is backend_status's question."""
+    name, colon, index = spec.partition(":")
+    if not name.strip():
+        raise DeviceError(f"malformed backend {spec!r}: no backend name; expected a name "
+                          "such as 'cuda' or 'cuda:1'")
+    if not colon:
+        return name, 0
+    if not (index.isascii() and index.isdigit()):
+        raise DeviceError(f"bad device index {index!r} in backend name {spec}; expected a "
+                          "number such as cuda:1")
+    return name, int(index)
 
 
 def normalize_name(name: str) -> str:

@@ -60,7 +60,7 @@ def tests_kernels(session: nox.Session) -> None:
     in a subprocess without the interpreter, every Triton kernel compiled ahead of time for
     sm_80, sm_90 and gfx942."""
     install_torchbridge(session, "./tests/example_plugin", "./tests/misbehaving_plugins",
-                        "./tests/misbehaving_twin", TRITON, "numba", "pytest")
+                        "./tests/misbehaving_twin", TRITON, "numba", "transformers", "pytest")
     session.run("pytest", "tests/kernels", *session.posargs,
                 env={"TRITON_INTERPRET": "1", "NUMBA_ENABLE_CUDASIM": "1"})
 

@@ -476,3 +476,56 @@ def test_a_plugins_broken_pattern_is_its_error_and_the_pass_goes_on(
     errors = {r.name: r.errors for r in torchbridge.plugins.plugin_records()}
     assert any("pattern boom: pattern bug" in e for e in errors["broken_patterns"])
     assert any("expected a list of ModulePattern" in e for e in errors["not_patterns"])
+
+
+def test_multihead_attention_runs_the_attention_op_where_its_contract_fits(
+        reload_plugins: None, example: Any) -> None:
+    calls: list[tuple[int, ...]] = []
+
+    def math_attention(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: bool, scale: Any,
+                       enable_gqa: bool) -> torch.Tensor:
+        calls.append(tuple(q.shape))
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf")) \
+                if attn_mask.dtype == torch.bool else scores + attn_mask
+        return scores.softmax(-1) @ v
+
+    class Attention:
+        @torchbridge.hookimpl
+        def torchbridge_kernel_implementations(self) -> list[KernelImplementation]:
+            return [KernelImplementation("scaled_dot_product_attention", "math", math_attention,
+                                         backends=("example",))]
+
+    torchbridge.register_plugin(Attention(), name="attention")
+
+    class SelfAttention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+            self.encoder = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0,
+                                                      batch_first=True)
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            h = x + self.attn(x, x, x, need_weights=False, attn_mask=mask)[0]
+            return self.encoder(h, src_mask=mask)
+
+    torch.manual_seed(0)
+    model = SelfAttention().eval()
+    x = torch.randn(2, 6, 32)
+    mask = nn.Transformer.generate_square_subsequent_mask(6)
+    expected = model(x, mask)
+    prepared = without_compile(example).prepare_model(model, "O3", sample_input=(x, mask))
+    subs = substitutions(prepared)
+    assert (subs["attn"]["status"], subs["attn"]["implementation"]) == ("substituted", "math")
+    # At O3 the encoder layer runs its composite path (transformer_composite), which never
+    # calls its self_attn: reported as such, not claimed.
+    assert subs["encoder.self_attn"]["detail"].startswith("not called when the model ran")
+    calls.clear()
+    torch.testing.assert_close(prepared(x, mask), expected, rtol=1e-4, atol=1e-5)
+    assert calls == [(2, 4, 6, 8)]
+
+    # Asked for its attention weights, the module is not what the op computes: kept.
+    mha = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    kept = without_compile(example).prepare_model(mha, "O3", sample_input=(x, x, x))
+    assert "need_weights=True" in substitutions(kept)["(model)"]["detail"]

@@ -23,6 +23,7 @@ reference, and torch.compile can fuse it.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from torchbridge.kernels.choice import Candidate, choose
@@ -50,6 +52,8 @@ class ModulePattern:
         `kernel(...)` with the op's arguments.
     example_input(module, facts, dtype) -> args: a small synthetic input of the module's
         width, for models prepared without a sample input.
+    misfit(module, facts, *args) -> reason | None: why a call (the captured one) would not
+        reach the op (the forward then runs the module's own code); such a module is kept.
     """
 
     name: str
@@ -58,6 +62,7 @@ class ModulePattern:
     forward: Callable[..., Any]
     example_input: Callable[[nn.Module, dict[str, Any], torch.dtype], tuple[Any, ...]]
     description: str = ""
+    misfit: Callable[..., str | None] | None = None
 
 
 # --- rms_norm --------------------------------------------------------------------------
@@ -164,7 +169,91 @@ SWIGLU = ModulePattern("swiglu_mlp", "silu_mul", _swiglu_match, _swiglu_forward,
                        _rms_norm_input, "MLPs computing down(silu(gate(x)) * up(x)) "
                        "(gate_proj/up_proj/down_proj, w1/w3/w2)")
 
-BUILTIN_PATTERNS = (RMS_NORM, SWIGLU)
+# --- attention: nn.MultiheadAttention -----------------------------------------------------
+
+def _mha_match(module: nn.Module) -> dict[str, Any] | None:
+    if not isinstance(module, nn.MultiheadAttention) or not module._qkv_same_embed_dim or \
+            module.bias_k is not None or module.add_zero_attn:
+        return None
+    return {"hidden": module.embed_dim}
+
+
+def _as_sdpa_mask(attn_mask: torch.Tensor | None, batch: int, heads: int, q_len: int,
+                  k_len: int) -> torch.Tensor | None:
+    """MultiheadAttention's mask ((L, S) or (B*H, L, S); bool True = may NOT attend, float
+    added) as SDPA's (bool True = may attend, float added), broadcast to (B, H, L, S)."""
+    if attn_mask is None:
+        return None
+    if attn_mask.dim() == 3:
+        attn_mask = attn_mask.view(batch, heads, q_len, k_len)
+    return ~attn_mask if attn_mask.dtype == torch.bool else attn_mask
+
+
+def _mha_misfit(module: nn.Module, facts: dict[str, Any], query: torch.Tensor,
+                key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
+                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> str | None:
+    if need_weights:
+        return "called with need_weights=True: the op returns no attention weights"
+    if key_padding_mask is not None:
+        return "called with a key_padding_mask"
+    if module.training and getattr(module, "dropout", 0.0):
+        return "attention dropout in training: the op has none"
+    if is_causal and attn_mask is None:
+        return "is_causal without a mask (MultiheadAttention refuses that)"
+    if query.dim() != 3:
+        return "unbatched input"
+    return None
+
+
+def _mha_forward(module: nn.Module, kernel: Callable[..., Any], facts: dict[str, Any],
+                 query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
+                 attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
+                 is_causal: bool = False) -> Any:
+    """The op where its contract fits (see _mha_misfit); otherwise MultiheadAttention's own."""
+    assert isinstance(module, nn.MultiheadAttention)
+    if _mha_misfit(module, facts, query, key, value, key_padding_mask, need_weights,
+                   attn_mask, average_attn_weights, is_causal) is not None:
+        return nn.MultiheadAttention.forward(module, query, key, value, key_padding_mask,
+                                             need_weights, attn_mask, average_attn_weights,
+                                             is_causal)
+    if not module.batch_first:
+        query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+    batch, q_len, embed = query.shape
+    k_len, heads = key.shape[1], module.num_heads
+    w_q, w_k, w_v = module.in_proj_weight.chunk(3)
+    b_q = b_k = b_v = None
+    if module.in_proj_bias is not None:
+        b_q, b_k, b_v = module.in_proj_bias.chunk(3)
+
+    def split(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, length: int
+              ) -> torch.Tensor:
+        return F.linear(x, w, b).view(batch, length, heads, embed // heads).transpose(1, 2)
+
+    out = kernel(split(query, w_q, b_q, q_len), split(key, w_k, b_k, k_len),
+                 split(value, w_v, b_v, k_len),
+                 _as_sdpa_mask(attn_mask, batch, heads, q_len, k_len), False, None, False)
+    out = module.out_proj(out.transpose(1, 2).reshape(batch, q_len, embed))
+    return (out if module.batch_first else out.transpose(0, 1)), None
+
+
+def _mha_input(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype
+               ) -> tuple[Any, ...]:
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    x = torch.randn(2, 8, facts["hidden"], dtype=dtype, device=device)
+    if not getattr(module, "batch_first", False):
+        x = x.transpose(0, 1)
+    return (x, x, x, None, False)  # need_weights=False: what a transformer layer passes
+
+
+MULTIHEAD_ATTENTION = ModulePattern(
+    "multihead_attention", "scaled_dot_product_attention", _mha_match, _mha_forward,
+    _mha_input, "nn.MultiheadAttention called without asking for attention weights (as "
+    "nn.TransformerEncoderLayer and DecoderLayer call it)", _mha_misfit)
+
+BUILTIN_PATTERNS = (RMS_NORM, SWIGLU, MULTIHEAD_ATTENTION)
 
 
 # --- the substituted module ------------------------------------------------------------
@@ -376,7 +465,7 @@ def _matches(model: nn.Module, ctx: PassContext
 
 
 def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext,
-                    gate: _Gate) -> dict[int, tuple[Any, ...]]:
+                    gate: _Gate, ran: set[int]) -> dict[int, tuple[Any, ...]]:
     """Each module's positional inputs from one run of the sample input, in eval mode (no
     running statistic moves), RNG forked; the model's modes are restored after."""
     from torchbridge.optimize.measure import call_args
@@ -384,10 +473,18 @@ def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext
     captured: dict[int, tuple[Any, ...]] = {}
 
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if kwargs or not args:  # patterns take positional inputs; else synthetic ones
-            return
-        captured.setdefault(id(module), tuple(
-            a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args))
+        ran.add(id(module))
+        if kwargs:  # keywords become positions where the forward's signature allows
+            try:
+                bound = inspect.signature(module.forward).bind(*args, **kwargs)
+            except TypeError:
+                return
+            if bound.kwargs:
+                return  # keyword-only arguments: checked on synthetic inputs instead
+            args = bound.args
+        if args:
+            captured.setdefault(id(module), tuple(
+                a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args))
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
     modes = {m: m.training for m in model.modules()}
@@ -417,17 +514,26 @@ def _input_dtype(module: nn.Module, ctx: PassContext) -> torch.dtype:
 def _substitute_kernels(model: nn.Module, ctx: PassContext) -> nn.Module:
     matches = _matches(model, ctx)
     gate = _Gate(ctx, measure=bool(ctx.state.get("measure")) and ctx.sample_input is not None)
-    captured = _capture_inputs(model, [m for _, m, _, _ in matches], ctx, gate) \
+    ran: set[int] = set()
+    captured = _capture_inputs(model, [m for _, m, _, _ in matches], ctx, gate, ran) \
         if ctx.sample_input is not None else {}
     records: list[dict[str, Any]] = ctx.state.setdefault("kernel_substitutions", [])
     info = ctx.device_info
     for name, module, pattern, facts in matches:
         record: dict[str, Any] = {"module": name, "pattern": pattern.name, "op": pattern.op}
         records.append(record)
+        if ran and id(module) not in ran:
+            record.update(status="kept", detail="not called when the model ran the sample "
+                          "input (another code path computes it)")
+            continue
         args = captured.get(id(module)) or pattern.example_input(
             module, facts, _input_dtype(module, ctx))
         dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)
                       and a.is_floating_point()), None)
+        misfit = pattern.misfit(module, facts, *args) if pattern.misfit else None
+        if misfit is not None:
+            record.update(status="kept", detail=f"the op's contract does not fit: {misfit}")
+            continue
         with torch.no_grad():
             own = gate.run(module, *args)
             reference_out = gate.run(pattern.forward, module, bind(None, None, pattern.op),

@@ -198,7 +198,7 @@ def _mha_misfit(module: nn.Module, facts: dict[str, Any], query: torch.Tensor,
         return "called with need_weights=True: the op returns no attention weights"
     if key_padding_mask is not None:
         return "called with a key_padding_mask"
-    if module.training and getattr(module, "dropout", 0.0):
+    if module.training and float(getattr(module, "dropout", 0.0) or 0.0):
         return "attention dropout in training: the op has none"
     if is_causal and attn_mask is None:
         return "is_causal without a mask (MultiheadAttention refuses that)"

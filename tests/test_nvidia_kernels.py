@@ -3,6 +3,8 @@ recorded device's compute capability (no GPU here: the probe seam answers)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torchbridge
@@ -17,10 +19,17 @@ def _verdicts(monkeypatch: pytest.MonkeyPatch, gpu: str, dtype: torch.dtype,
               installed: bool = True) -> dict[str, str | None]:
     if installed:
         monkeypatch.setattr(kernels, "_missing", lambda module, package: None)
+    kernels.implementations.cache_clear()  # made once per process; remade with the patch
     FakeGPUs(monkeypatch, gpu)
     choice = choose(OP, torchbridge.get_backend("cuda"), dtype=dtype)
     return {c.implementation.name: c.reason for c in choice.candidates
             if c.provider == "nvidia"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_implementations() -> Iterator[None]:
+    yield
+    kernels.implementations.cache_clear()
 
 
 def test_flash_attn_3_on_hopper_flash_attn_2_on_ampere(monkeypatch: pytest.MonkeyPatch
@@ -52,5 +61,29 @@ def test_flash_attn_declines_masks_and_odd_head_sizes() -> None:
     kv = torch.randn(1, 3, 8, 64)
     assert kernels._declines(q, kv, kv, None, False, None, True) == \
         "4 query heads do not group over 3 key heads"
+    assert kernels._declines(q, kv[:, :2], kv[:, :2], None, False, None, False) == \
+        "4 query heads and 2 key heads without enable_gqa"
+    assert kernels._declines(q, q[:, :, :1], q[:, :, :1], None, True, None, False) == \
+        "causal with query and key lengths that differ (the masks' alignments differ)"
     assert kernels._declines(q, q, q, None, True, None, False) == \
         "tensors are on cpu, not a CUDA GPU"
+
+
+def test_flash_attn_gets_its_layout_and_gives_sdpa_s_back() -> None:
+    """flash-attn takes (batch, seq, heads, dim); the op (batch, heads, seq, dim)."""
+    import types
+
+    def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        softmax_scale: float | None = None, causal: bool = False
+                        ) -> torch.Tensor:
+        assert q.shape == (2, 8, 4, 16)  # seq before heads
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+            scale=softmax_scale)
+        return out.transpose(1, 2)
+
+    fake = types.SimpleNamespace(flash_attn_func=flash_attn_func)
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    out = kernels._run(fake, q, k, v, True, None)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True))

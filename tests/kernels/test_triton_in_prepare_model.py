@@ -19,6 +19,14 @@ TRITON_OPS = {"rms_norm": "triton_rms_norm", "silu_mul": "triton_silu_mul",
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+@pytest.fixture(autouse=True)
+def without_the_example_plugin(monkeypatch: pytest.MonkeyPatch, reload_plugins: None) -> None:
+    """The example plugin's first-contract rms_norm is tryfirst for every backend, so it
+    would be chosen before the built-in Triton kernels these tests are about."""
+    monkeypatch.setenv("TORCHBRIDGE_DISABLE_PLUGINS", "example")
+    torchbridge.reload_plugins()
+
+
 @pytest.fixture
 def backend(device: str) -> Any:
     return torchbridge.get_backend(device)
@@ -135,3 +143,13 @@ def test_substituted_model_compiles_fullgraph_and_with_inductor(backend: Any) ->
         torch._dynamo.reset()
         compiled = torch.compile(prepared, fullgraph=True, backend=compiler)
         assert _rel(compiled(x), expected) <= 1e-4, compiler
+
+
+def test_a_strided_weight_is_read_right(device: str) -> None:
+    from torchbridge.kernels import triton as kernels
+
+    x, weight = torch.randn(4, 64, device=device), torch.randn(128, device=device)[::2]
+    y, _ = kernels.rms_norm_forward(x, weight, 1e-6)
+    assert _rel(y, ops.rms_norm(x, weight, 1e-6)) <= 1e-5
+    normed, _ = kernels.add_rms_norm_forward(x, x, weight, 1e-6)
+    assert _rel(normed, ops.rms_norm(2 * x, weight, 1e-6)) <= 1e-5

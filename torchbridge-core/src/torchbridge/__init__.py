@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from torchbridge.config import ConfigSection, TorchBridgeConfig
     from torchbridge.kernels.implementations import KernelImplementation
     from torchbridge.kernels.ops import OpDefinition
-    from torchbridge.optimize.kernel_substitution import ModulePattern
+    from torchbridge.optimize.kernel_patterns import ModulePattern
     from torchbridge.optimize.passes import OptimizationPass, PassContext
     from torchbridge.optimize.report import OptimizationResult, optimization_result
     from torchbridge.plugins import register_plugin, reload_plugins, unregister_plugin
@@ -67,7 +67,7 @@ _LAZY = {
     "detect_best_backend": "torchbridge.selection",
     "KernelImplementation": "torchbridge.kernels.implementations",
     "OpDefinition": "torchbridge.kernels.ops",
-    "ModulePattern": "torchbridge.optimize.kernel_substitution",
+    "ModulePattern": "torchbridge.optimize.kernel_patterns",
 }
 
 

@@ -206,8 +206,14 @@ def render_kernels(table: Any) -> list[str]:
     out = []
     for entry in table:
         out.append(f"  {entry['op']}: {entry['selected']}")
+        first = True
         for impl in entry["implementations"]:
-            verdict = "eligible" if impl["eligible"] else f"not selected: {impl['reason']}"
+            if not impl["eligible"]:
+                verdict = f"not selected: {impl['reason']}"
+            elif first:
+                verdict, first = "selected", False
+            else:
+                verdict = "eligible, after the one above (lower priority or later plugin)"
             out.append(f"    {impl['name']} (plugin {impl['plugin']}; "
                        f"{', '.join(impl['backends'])}; {', '.join(impl['dtypes'])}; "
                        f"{'trains' if impl['trains'] else 'inference'}): {verdict}")

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from torchbridge.kernels.implementations import KernelImplementation
     from torchbridge.kernels.ops import OpDefinition
     from torchbridge.levels import OptimizationLevel
-    from torchbridge.optimize.kernel_substitution import ModulePattern
+    from torchbridge.optimize.kernel_patterns import ModulePattern
     from torchbridge.optimize.passes import OptimizationPass
     from torchbridge.types import Detection, DeviceInfo, MemoryStats
 
@@ -221,5 +221,5 @@ def torchbridge_module_patterns(backend: Backend) -> list[ModulePattern] | None:
     """Module patterns for the kernel substitution pass (all plugins' results collected):
     `torchbridge.ModulePattern` recognises a module by structure, names the op it computes,
     and gives the forward that calls the op and a synthetic input to check it on. The core
-    ships rms_norm (nn.RMSNorm and Hugging Face-style RMSNorm) and SwiGLU MLPs. None:
-    nothing."""
+    ships rms_norm (nn.RMSNorm and Hugging Face-style RMSNorm), SwiGLU MLPs and
+    nn.MultiheadAttention. None: nothing."""

@@ -5,12 +5,16 @@ through the built-in `triton` plugin."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torchbridge.kernels.fp8_linear import fp8_linear_implementation
 from torchbridge.kernels.implementations import KernelImplementation
 
 
+@functools.cache
 def implementations() -> list[KernelImplementation]:
+    # Made once: the same objects each call, so each gets one wrapper op.
     return [
         fp8_linear_implementation("rocm_fp8_linear_e4m3fnuz", torch.float8_e4m3fnuz,
                                   backends=("rocm",),

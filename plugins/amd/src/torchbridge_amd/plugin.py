@@ -92,7 +92,7 @@ def torchbridge_backend_created(backend: Backend) -> None:
 def torchbridge_kernel_implementations() -> list[KernelImplementation]:
     from torchbridge_amd.kernels import implementations
 
-    return implementations()
+    return list(implementations())
 
 
 @hookimpl

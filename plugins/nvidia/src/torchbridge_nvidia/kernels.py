@@ -11,6 +11,7 @@ Inference only: the op's backward is the reference's.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Any
 
@@ -28,8 +29,13 @@ def _declines(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any,
     head_dim = q.shape[-1]
     if head_dim > 256 or head_dim % 8:
         return f"head_dim {head_dim} is not a multiple of 8 up to 256"
+    if q.shape[1] != k.shape[1] and not enable_gqa:
+        return f"{q.shape[1]} query heads and {k.shape[1]} key heads without enable_gqa"
     if q.shape[1] % k.shape[1]:
         return f"{q.shape[1]} query heads do not group over {k.shape[1]} key heads"
+    if is_causal and q.shape[-2] != k.shape[-2]:
+        # flash-attn aligns a causal mask to the bottom right, torch's SDPA to the top left
+        return "causal with query and key lengths that differ (the masks' alignments differ)"
     if q.device.type != "cuda":
         return f"tensors are on {q.device.type}, not a CUDA GPU"
     return None
@@ -70,7 +76,9 @@ def _missing(module: str, package: str) -> str | None:
         f"{package} is not installed"
 
 
+@functools.cache
 def implementations() -> list[KernelImplementation]:
+    # Made once: the same objects each call, so each gets one wrapper op.
     return [
         KernelImplementation(
             "scaled_dot_product_attention", "flash_attn_3", flash_attn_3, backends=("cuda",),

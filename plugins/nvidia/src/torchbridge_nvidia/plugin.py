@@ -69,7 +69,7 @@ def torchbridge_memory_stats(backend_name: str, device: torch.device) -> MemoryS
 def torchbridge_kernel_implementations() -> list[Any]:
     from torchbridge_nvidia.kernels import implementations
 
-    return implementations()
+    return list(implementations())
 
 
 @hookimpl

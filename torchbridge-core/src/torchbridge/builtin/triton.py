@@ -9,18 +9,17 @@ of a kernel, never at discovery. The kernels are in `torchbridge.kernels.triton`
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from typing import TYPE_CHECKING, Any
 
 from torchbridge.hookspecs import hookimpl
+from torchbridge.kernels.compute import TRITON_BACKENDS
 
 if TYPE_CHECKING:
     from torchbridge.backend import Backend
     from torchbridge.kernels.implementations import KernelImplementation
-
-TRITON_BACKENDS = ("cuda", "rocm", "xpu")
-
 
 def triton_backends() -> tuple[str, ...]:
     """The backends the Triton kernels serve in this process."""
@@ -97,16 +96,19 @@ def add_rms_norm_declines(x: Any, residual: Any, weight: Any, eps: float) -> str
     return problem
 
 
-def implementations() -> list[KernelImplementation]:
+@functools.cache
+def implementations(backends: tuple[str, ...]) -> tuple[KernelImplementation, ...]:
+    """Made once per set of backends: the same objects each time, so each gets one wrapper
+    op and torch.compile sees the same op."""
     import torch
 
     from torchbridge.kernels.implementations import KernelImplementation
 
     missing = None if importlib.util.find_spec("triton") is not None else \
         "triton is not installed (pip install torchbridge-core[triton])"
-    common: dict[str, Any] = {"backends": triton_backends(), "unavailable": missing,
+    common: dict[str, Any] = {"backends": backends, "unavailable": missing,
                               "dtypes": (torch.float32, torch.float16, torch.bfloat16)}
-    return [
+    return (
         KernelImplementation("rms_norm", "triton_rms_norm", rms_norm, rms_norm_backward,
                              declines=rms_norm_declines,
                              description="one program per row, float32 inside", **common),
@@ -119,9 +121,9 @@ def implementations() -> list[KernelImplementation]:
         KernelImplementation("add_rms_norm", "triton_add_rms_norm", add_rms_norm,
                              add_rms_norm_backward, declines=add_rms_norm_declines,
                              description="residual add and rms_norm in one pass", **common),
-    ]
+    )
 
 
 @hookimpl(trylast=True)
 def torchbridge_kernel_implementations(backend: Backend) -> list[KernelImplementation]:
-    return implementations()
+    return list(implementations(triton_backends()))

@@ -26,7 +26,7 @@ from torchbridge.kernels.implementations import (
     bind,
     implementation_problem,
 )
-from torchbridge.plugins import cached_for, get_plugin_host
+from torchbridge.plugins import cached_for, exclusive_step, get_plugin_host
 
 if TYPE_CHECKING:
     from torchbridge.backend import Backend
@@ -52,12 +52,19 @@ def known_ops() -> tuple[str, ...]:
     on first use; a declaration that cannot be registered is its plugin's error)."""
     global _ops_cache
     host = get_plugin_host()
+    cached = cached_for(_ops_cache, host)
+    if cached is not None:
+        return tuple(cached)
+    # Plugins are asked outside the lock: one whose hook calls back into torchbridge gets a
+    # PluginError from the re-entry guard (recorded as its error), not a deadlock.
+    with exclusive_step("declaring ops"):
+        declared = list(host.call_each("torchbridge_ops", check=_ops_problem))
     with _ops_lock:
         cached = cached_for(_ops_cache, host)
         if cached is not None:
             return tuple(cached)
         names = [d.name for d in ops_module.BUILTIN_OPS]
-        for plugin, definitions in host.call_each("torchbridge_ops", check=_ops_problem):
+        for plugin, definitions in declared:
             for definition in definitions:
                 try:
                     ops_module.register_op(definition)
@@ -85,36 +92,59 @@ def _legacy_problem(kernel: object) -> str | None:
     return None if callable(kernel) else f"returned {kernel!r}, which is not callable"
 
 
+def _rank(impl: Any) -> int:
+    """0 for a tryfirst hook implementation, 2 for trylast (the built-in plugins), else 1."""
+    return 0 if impl.tryfirst else 2 if impl.trylast else 1
+
+
 def contributed(op: str, backend: Backend) -> list[tuple[str, KernelImplementation]]:
-    """(plugin, implementation) for `op` from every plugin, in call order; malformed ones
-    are their plugin's error and left out."""
+    """(plugin, implementation) for `op` from every plugin, in preference order: highest
+    priority, then tryfirst plugins, other plugins, the built-in ones (trylast), across
+    both hooks; malformed ones are their plugin's error and left out."""
     host = get_plugin_host()
-    found: list[tuple[str, KernelImplementation]] = []
+    found: list[tuple[int, int, str, KernelImplementation]] = []  # (rank, seq, plugin, impl)
     hook = "torchbridge_kernel_implementations"
-    for plugin, impls in host.call_each(hook, check=_list_problem, backend=backend):
-        for impl in impls:
+    for hook_impl in host.implementations(hook):
+        ok, impls = host.call_one(hook_impl, hook, {"backend": backend}, _list_problem)
+        for impl in (impls or ()) if ok else ():
             problem = implementation_problem(impl)
             if problem is not None:
-                host.record_hook_error(plugin, hook, problem)
+                host.record_hook_error(hook_impl.plugin_name, hook, problem)
             elif impl.op == op:
-                found.append((plugin, impl))
-    for plugin, kernel in host.call_each("torchbridge_kernel", check=_legacy_problem, op=op,
-                                         backend_name=backend.name, backend=backend):
+                found.append((_rank(hook_impl), len(found), hook_impl.plugin_name, impl))
+    legacy = "torchbridge_kernel"
+    for hook_impl in host.implementations(legacy):
+        ok, kernel = host.call_one(hook_impl, legacy, {"op": op, "backend_name": backend.name,
+                                                       "backend": backend}, _legacy_problem)
+        if not ok or kernel is None:
+            continue
+        plugin = hook_impl.plugin_name
         if isinstance(kernel, KernelImplementation):
             problem = implementation_problem(kernel)
-            if problem is None and kernel.op == op:
-                found.append((plugin, kernel))
-            elif problem is not None:
-                host.record_hook_error(plugin, "torchbridge_kernel", problem)
+            if problem is not None:
+                host.record_hook_error(plugin, legacy, problem)
+            elif kernel.op == op:
+                found.append((_rank(hook_impl), len(found), plugin, kernel))
             continue
-        name = getattr(kernel, "__name__", type(kernel).__name__)
-        found.append((plugin, KernelImplementation(
-            op=op, name=name, forward=kernel, backends=(backend.name,),
-            description="returned by torchbridge_kernel: inference only, opaque to "
-                        "torch.compile")))
-    order = {id(impl): i for i, (_, impl) in enumerate(found)}
-    found.sort(key=lambda item: (-item[1].priority, order[id(item[1])]))
-    return found
+        found.append((_rank(hook_impl), len(found), plugin, _legacy(op, backend.name, kernel)))
+    found.sort(key=lambda item: (-item[3].priority, item[0], item[1]))
+    return [(plugin, impl) for _, _, plugin, impl in found]
+
+
+_legacy_cache: dict[tuple[str, str, Any], KernelImplementation] = {}
+
+
+def _legacy(op: str, backend_name: str, kernel: Any) -> KernelImplementation:
+    """The first contract's plain callable as an implementation: inference only, opaque.
+    One object per (op, backend, callable), so its wrapper op is made once."""
+    key = (op, backend_name, kernel)
+    impl = _legacy_cache.get(key)
+    if impl is None:
+        impl = _legacy_cache[key] = KernelImplementation(
+            op=op, name=getattr(kernel, "__name__", type(kernel).__name__), forward=kernel,
+            backends=(backend_name,), description="returned by torchbridge_kernel: inference "
+            "only, opaque to torch.compile")
+    return impl
 
 
 def _capability(info: DeviceInfo | None) -> tuple[int, int] | None:

@@ -11,7 +11,8 @@ Triton kernels compile for cuda, rocm and xpu (and run on CPU tensors under Trit
 interpreter, TRITON_INTERPRET=1); `signature` plus `target` ("cuda:90", "hip:gfx942")
 compile ahead of time without the device. A numba.cuda kernel (numba installed) runs on an
 NVIDIA GPU, or on numba's simulator (NUMBA_ENABLE_CUDASIM=1). `enable_caching()` points
-Triton's cache at the TorchBridge cache directory, so a second process compiles nothing.
+Triton's cache at the TorchBridge cache directory, so a second process compiles nothing
+(Triton's kernels; numba's are not cached on disk).
 """
 
 from __future__ import annotations
@@ -57,20 +58,31 @@ def cache_dir(backend: Backend) -> Path:
     return Path(base) / "torchbridge"
 
 
+_ours: list[str] = []  # the TRITON_CACHE_DIR enable_caching set, if it set one
+
+
 def enable_caching(backend: Backend, enabled: bool = True) -> Path | None:
-    """Compiled Triton kernels (and numba's) are kept under the TorchBridge cache directory
-    (`config.kernel.cache_dir`) and reused by later processes. A TRITON_CACHE_DIR the user
-    set is left alone. Returns the Triton cache directory (None when disabled)."""
+    """Compiled Triton kernels are kept under the TorchBridge cache directory
+    (`config.kernel.cache_dir`) and reused by later processes (which inherit the variable
+    or call this too). A TRITON_CACHE_DIR the user set is left alone, also by disabling,
+    which removes only the one this set (Triton then uses its default, ~/.triton/cache).
+    Returns the Triton cache directory in use (None when disabled). numba.cuda kernels are
+    not cached on disk (numba caches only kernels compiled with cache=True)."""
+    current = os.environ.get("TRITON_CACHE_DIR")
     if not enabled:
-        os.environ.pop("TRITON_CACHE_DIR", None)
+        if _ours and current == _ours[0]:
+            del os.environ["TRITON_CACHE_DIR"]
+        _ours.clear()
         return None
-    triton_dir = Path(os.environ.get("TRITON_CACHE_DIR") or cache_dir(backend) / "triton")
+    if current and not (_ours and current == _ours[0]):
+        return Path(current)  # the user's
+    triton_dir = cache_dir(backend) / "triton"
     try:
         triton_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise KernelError(f"cannot create the kernel cache {triton_dir}: {exc}") from exc
     os.environ["TRITON_CACHE_DIR"] = str(triton_dir)
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(triton_dir.parent / "numba"))
+    _ours[:] = [str(triton_dir)]
     return triton_dir
 
 
@@ -217,7 +229,12 @@ def to_host(tensor: torch.Tensor) -> np.ndarray:
     host = tensor.detach().cpu()
     if host.dtype == torch.bfloat16:
         host = host.float()
-    return host.numpy()
+    try:
+        array: np.ndarray = host.numpy().copy()  # a copy also on CPU, where .numpy() shares
+        return array
+    except TypeError as exc:
+        raise KernelError(f"to_host: NumPy has no {tensor.dtype}; convert the tensor "
+                          f"first (e.g. .float())") from exc
 
 
 def memory_info(backend: Backend) -> tuple[int, int] | None:

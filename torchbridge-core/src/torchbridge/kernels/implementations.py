@@ -132,6 +132,12 @@ def _is_tensor_argument(argument: Any) -> bool:
     return "Tensor" in str(argument.type)
 
 
+def _scalar_kind(argument: Any) -> bool:
+    """Whether a non-tensor argument is a number or bool (optional or not)."""
+    return str(argument.type).removeprefix("Optional[").removesuffix("]") in (
+        "float", "int", "bool", "SymInt")
+
+
 def _scalar(argument: Any, value: float | None) -> Any:
     """A non-tensor argument back from the float it travelled as."""
     if value is None:
@@ -190,7 +196,8 @@ def _backward_op(impl: KernelImplementation, name: str) -> Any:
     @op.register_fake
     def _(inputs: list[torch.Tensor | None], outputs: list[torch.Tensor],
           grads: list[torch.Tensor], scalars: list[float | None]) -> list[torch.Tensor]:
-        return [torch.empty_like(t) if t is not None and t.is_floating_point()
+        # Contiguous, as run() returns them.
+        return [t.new_empty(t.shape) if t is not None and t.is_floating_point()
                 else t.new_empty(0) if t is not None else grads[0].new_empty(0)
                 for t in inputs]
 
@@ -202,8 +209,12 @@ def _wrapped_autograd(impl: KernelImplementation, reference: Callable[..., Any],
     """(setup_context, backward) of an implementation's wrapper op: its own backward (as an
     op of its own) when it declares one and ran the call, else the reference's
     vector-Jacobian product."""
-    backward_op = _backward_op(impl, name) if impl.backward is not None else None
     arguments = ops_module.arguments(impl.op)
+    # Non-tensor arguments travel to the backward op as floats: an op with others (a
+    # string, a list) keeps the reference's backward, which is right, just not the
+    # implementation's.
+    plain = all(_is_tensor_argument(a) or _scalar_kind(a) for a in arguments)
+    backward_op = _backward_op(impl, name) if impl.backward is not None and plain else None
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         outputs = output if isinstance(output, tuple) else (output,)
@@ -278,7 +289,7 @@ def wrapper_op(impl: KernelImplementation, provider: str) -> Any:
 
         def run(*args: Any, **kwargs: Any) -> Any:
             # torch.library passes arguments that have defaults by keyword.
-            bound = _bind_arguments(impl.op, args, kwargs)
+            bound = bind_arguments(impl.op, args, kwargs)
             if decline_reason(impl, bound) is not None:
                 return reference(*bound)
             return _unaliased(impl.forward(*bound), bound)
@@ -305,11 +316,12 @@ def bind(impl: KernelImplementation | None, provider: str | None, op: str,
         raise KernelError(f"unknown op {op!r}")
     if impl is None:
         return BoundKernel(op, definition.reference, None, None, reasons or [])
-    if impl.traceable:
+    if impl.traceable and impl.backward is None:  # a declared backward needs the wrapper
         traced = impl
+        spec = argument_spec(op)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            bound = _bind_arguments(op, args, kwargs)
+            bound = bind_arguments(op, args, kwargs, spec)
             if decline_reason(traced, bound) is not None:
                 return definition.reference(*bound)
             return traced.forward(*bound)
@@ -336,16 +348,35 @@ def _unaliased(output: Any, inputs: tuple[Any, ...]) -> Any:
     return copy_if_alias(output)
 
 
-def _bind_arguments(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """Positional arguments with the schema's defaults filled in."""
+def argument_spec(op: str) -> tuple[tuple[str, bool, Any], ...]:
+    """(name, has a default, default) per argument of the op's schema, as plain values
+    (torch.compile traces code that reads them; it cannot iterate schema objects)."""
     packet = getattr(getattr(torch.ops, ops_module.NAMESPACE), op)
-    arguments = packet.default._schema.arguments
+    return tuple((a.name, a.has_default_value(),
+                  a.default_value if a.has_default_value() else None)
+                 for a in packet.default._schema.arguments)
+
+
+def bind_arguments(op: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   spec: tuple[tuple[str, bool, Any], ...] | None = None) -> tuple[Any, ...]:
+    """Positional arguments with the schema's defaults filled in; unknown, repeated or
+    missing arguments are a TypeError, as for the op itself."""
+    spec = argument_spec(op) if spec is None else spec
+    names = [name for name, _, _ in spec]
+    for key in kwargs:
+        if key not in names:
+            raise TypeError(f"{op}() got an unexpected argument {key!r}; it takes "
+                            f"{', '.join(names)}")
+        if names.index(key) < len(args):
+            raise TypeError(f"{op}() got {key!r} both by position and by name")
+    if len(args) > len(names):
+        raise TypeError(f"{op}() takes {len(names)} arguments, got {len(args)}")
     out = list(args)
-    for argument in arguments[len(args):]:
-        if argument.name in kwargs:
-            out.append(kwargs[argument.name])
-        elif argument.has_default_value():
-            out.append(argument.default_value)
+    for name, has_default, default in spec[len(args):]:
+        if name in kwargs:
+            out.append(kwargs[name])
+        elif has_default:
+            out.append(default)
         else:
-            raise TypeError(f"{op}() missing argument {argument.name!r}")
+            raise TypeError(f"{op}() missing argument {name!r}")
     return tuple(out)

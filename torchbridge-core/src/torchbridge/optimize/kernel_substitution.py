@@ -1,21 +1,25 @@
 """The kernel substitution pass: modules that compute an op run the chosen implementation.
 
-A `ModulePattern` recognises a module by structure (an RMSNorm: one weight and an epsilon;
-a SwiGLU MLP: gate, up and down projections and an activation) and says how its forward
-calls the op. For each module that matches:
+A `ModulePattern` (torchbridge.optimize.kernel_patterns) recognises a module by structure
+and says how its forward calls the op. For each module that matches:
 
-1. The module's real inputs are captured from one run of the sample input (no sample: a
-   synthetic input of its width in the dtype it will see).
-2. The pattern's forward with the op's reference must reproduce the module's own output
-   within the dtype's tolerance; otherwise the module is not what the pattern thinks
-   (LayerNorm without bias, Gemma's (1 + weight) RMSNorm) and stays as it is.
-3. Each eligible implementation, in preference order, is run on the same inputs and must
-   match the reference within the tolerance (and its gradients, when the model trains);
-   with `measure=True` it must not be slower than the module. The first that passes is
-   used; a mismatch is reported with its figure and the next one is tried.
+1. Its real inputs are captured from one run of the sample input (one copy per input
+   signature); without a sample, a synthetic input of its width in its parameters' dtype.
+   A module the sample run never calls is reported and left alone.
+2. The formula check: the pattern's forward with the op's reference must reproduce the
+   module's own output within the dtype's tolerance, on those inputs and on a synthetic
+   input shifted off zero mean (which tells LayerNorm from RMSNorm at any width);
+   otherwise the module is not what the pattern thinks and stays as it is.
+3. The correctness gate: each eligible implementation, in preference order, runs on the
+   same inputs; it must take the call (not decline it), match the reference within the
+   tolerance, match its gradients when the model trains, and with `measure=True` not be
+   slower than the module. The first that passes is used; a refusal is reported with its
+   figure. Verdicts are shared between modules whose call to the op is the same (shapes,
+   dtypes and scalar arguments): thirty identical layers are one check.
 4. The module's class becomes a subclass of its own whose forward calls the
    implementation: the module object, its parameters (tied ones stay tied), state_dict
-   keys, attributes and hooks are kept; isinstance still holds.
+   keys, attributes and hooks are kept; isinstance still holds. Pickled, it comes back as
+   its own class running its own code.
 
 With no eligible implementation a module is left alone: the model's own code is the
 reference, and torch.compile can fuse it.
@@ -25,235 +29,30 @@ from __future__ import annotations
 
 import inspect
 import logging
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from torchbridge.kernels.choice import Candidate, choose
-from torchbridge.kernels.implementations import TOLERANCES, BoundKernel, bind
+from torchbridge.kernels.implementations import (
+    TOLERANCES,
+    BoundKernel,
+    bind,
+    bind_arguments,
+    decline_reason,
+    first_floating_dtype,
+)
+from torchbridge.optimize.kernel_patterns import BUILTIN_PATTERNS, ModulePattern
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 from torchbridge.plugins import get_plugin_host
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ModulePattern:
-    """A kind of module the substitution pass can make call op `op`.
-
-    match(module) -> facts | None: the facts the forward needs (e.g. the epsilon), None
-        when the module is not of this kind. Structure only; the numbers are checked after.
-    forward(module, kernel, facts, *args, **kwargs): the module's forward calling
-        `kernel(...)` with the op's arguments.
-    example_input(module, facts, dtype) -> args: a small synthetic input of the module's
-        width, for models prepared without a sample input.
-    misfit(module, facts, *args) -> reason | None: why a call (the captured one) would not
-        reach the op (the forward then runs the module's own code); such a module is kept.
-    """
-
-    name: str
-    op: str
-    match: Callable[[nn.Module], dict[str, Any] | None]
-    forward: Callable[..., Any]
-    example_input: Callable[[nn.Module, dict[str, Any], torch.dtype], tuple[Any, ...]]
-    description: str = ""
-    misfit: Callable[..., str | None] | None = None
-
-
-# --- rms_norm --------------------------------------------------------------------------
-
-_EPS_NAMES = ("eps", "variance_epsilon", "epsilon")
-
-
-def _rms_norm_match(module: nn.Module) -> dict[str, Any] | None:
-    if next(module.children(), None) is not None or list(module.buffers(recurse=False)):
-        return None
-    params = dict(module.named_parameters(recurse=False))
-    if set(params) - {"weight"}:
-        return None
-    weight = params.get("weight")
-    eps_name = next((n for n in _EPS_NAMES if n in vars(module)), None)
-    if eps_name is None:
-        return None
-    eps = getattr(module, eps_name)
-    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float))):
-        return None
-    if weight is not None:
-        if weight.dim() != 1:
-            return None
-        hidden = weight.shape[0]
-    else:
-        shape = getattr(module, "normalized_shape", None)
-        if not isinstance(shape, (tuple, list)) or len(shape) != 1:
-            return None
-        hidden = int(shape[0])
-    return {"eps": eps, "hidden": hidden, "promotes": _promotes(module, weight, hidden)}
-
-
-def _promotes(module: nn.Module, weight: torch.Tensor | None, hidden: int) -> bool:
-    """Whether the module returns promote(input, weight) dtype (Hugging Face multiplies by
-    the weight after casting back) rather than the input's dtype, from one tiny run."""
-    if weight is None or not weight.is_floating_point():
-        return False
-    other = torch.bfloat16 if weight.dtype == torch.float32 else torch.float32
-    try:
-        with torch.no_grad():
-            out = module(torch.ones(1, hidden, dtype=other, device=weight.device))
-    except Exception:
-        return False
-    return isinstance(out, torch.Tensor) and out.dtype != other
-
-
-def _rms_norm_forward(module: nn.Module, kernel: Callable[..., Any], facts: dict[str, Any],
-                      x: torch.Tensor) -> torch.Tensor:
-    weight = getattr(module, "weight", None)
-    eps = facts["eps"] if facts["eps"] is not None else torch.finfo(x.dtype).eps
-    out: torch.Tensor = kernel(x, weight, float(eps))
-    if facts["promotes"] and weight is not None and weight.dtype != x.dtype:
-        out = out.to(torch.promote_types(x.dtype, weight.dtype))
-    return out
-
-
-def _rms_norm_input(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype
-                    ) -> tuple[Any, ...]:
-    device = next((p.device for p in module.parameters()), torch.device("cpu"))
-    return (torch.randn(2, 8, facts["hidden"], dtype=dtype, device=device),)
-
-
-RMS_NORM = ModulePattern("rms_norm", "rms_norm", _rms_norm_match, _rms_norm_forward,
-                         _rms_norm_input, "nn.RMSNorm and Hugging Face-style RMSNorm "
-                         "(a weight and an epsilon)")
-
-
-# --- SwiGLU MLP --------------------------------------------------------------------------
-
-_SWIGLU_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"),
-                 ("gate", "up", "down"))
-_ACTIVATION_NAMES = ("act_fn", "act", "activation", "activation_fn")
-
-
-def _swiglu_match(module: nn.Module) -> dict[str, Any] | None:
-    children = dict(module.named_children())
-    for gate, up, down in _SWIGLU_NAMES:
-        linears = [children.get(n) for n in (gate, up, down)]
-        if not all(isinstance(m, nn.Linear) for m in linears):
-            continue
-        g, u, d = linears
-        assert isinstance(g, nn.Linear) and isinstance(u, nn.Linear) and isinstance(d, nn.Linear)
-        if g.in_features != u.in_features or g.out_features != u.out_features or \
-                d.in_features != g.out_features:
-            continue
-        activation = next((getattr(module, n) for n in _ACTIVATION_NAMES
-                           if callable(getattr(module, n, None))), None)
-        others = set(children) - {gate, up, down} - set(_ACTIVATION_NAMES)
-        if activation is None or others or list(module.parameters(recurse=False)):
-            continue
-        return {"gate": gate, "up": up, "down": down, "hidden": g.in_features}
-    return None
-
-
-def _swiglu_forward(module: nn.Module, kernel: Callable[..., Any], facts: dict[str, Any],
-                    x: torch.Tensor) -> torch.Tensor:
-    gate = getattr(module, facts["gate"])(x)
-    up = getattr(module, facts["up"])(x)
-    out: torch.Tensor = getattr(module, facts["down"])(kernel(gate, up))
-    return out
-
-
-SWIGLU = ModulePattern("swiglu_mlp", "silu_mul", _swiglu_match, _swiglu_forward,
-                       _rms_norm_input, "MLPs computing down(silu(gate(x)) * up(x)) "
-                       "(gate_proj/up_proj/down_proj, w1/w3/w2)")
-
-# --- attention: nn.MultiheadAttention -----------------------------------------------------
-
-def _mha_match(module: nn.Module) -> dict[str, Any] | None:
-    if not isinstance(module, nn.MultiheadAttention) or not module._qkv_same_embed_dim or \
-            module.bias_k is not None or module.add_zero_attn:
-        return None
-    return {"hidden": module.embed_dim}
-
-
-def _as_sdpa_mask(attn_mask: torch.Tensor | None, batch: int, heads: int, q_len: int,
-                  k_len: int) -> torch.Tensor | None:
-    """MultiheadAttention's mask ((L, S) or (B*H, L, S); bool True = may NOT attend, float
-    added) as SDPA's (bool True = may attend, float added), broadcast to (B, H, L, S)."""
-    if attn_mask is None:
-        return None
-    if attn_mask.dim() == 3:
-        attn_mask = attn_mask.view(batch, heads, q_len, k_len)
-    return ~attn_mask if attn_mask.dtype == torch.bool else attn_mask
-
-
-def _mha_misfit(module: nn.Module, facts: dict[str, Any], query: torch.Tensor,
-                key: torch.Tensor, value: torch.Tensor,
-                key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
-                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
-                is_causal: bool = False) -> str | None:
-    if need_weights:
-        return "called with need_weights=True: the op returns no attention weights"
-    if key_padding_mask is not None:
-        return "called with a key_padding_mask"
-    if module.training and float(getattr(module, "dropout", 0.0) or 0.0):
-        return "attention dropout in training: the op has none"
-    if is_causal and attn_mask is None:
-        return "is_causal without a mask (MultiheadAttention refuses that)"
-    if query.dim() != 3:
-        return "unbatched input"
-    return None
-
-
-def _mha_forward(module: nn.Module, kernel: Callable[..., Any], facts: dict[str, Any],
-                 query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
-                 attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
-                 is_causal: bool = False) -> Any:
-    """The op where its contract fits (see _mha_misfit); otherwise MultiheadAttention's own."""
-    assert isinstance(module, nn.MultiheadAttention)
-    if _mha_misfit(module, facts, query, key, value, key_padding_mask, need_weights,
-                   attn_mask, average_attn_weights, is_causal) is not None:
-        return nn.MultiheadAttention.forward(module, query, key, value, key_padding_mask,
-                                             need_weights, attn_mask, average_attn_weights,
-                                             is_causal)
-    if not module.batch_first:
-        query, key, value = (t.transpose(0, 1) for t in (query, key, value))
-    batch, q_len, embed = query.shape
-    k_len, heads = key.shape[1], module.num_heads
-    w_q, w_k, w_v = module.in_proj_weight.chunk(3)
-    b_q = b_k = b_v = None
-    if module.in_proj_bias is not None:
-        b_q, b_k, b_v = module.in_proj_bias.chunk(3)
-
-    def split(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, length: int
-              ) -> torch.Tensor:
-        return F.linear(x, w, b).view(batch, length, heads, embed // heads).transpose(1, 2)
-
-    out = kernel(split(query, w_q, b_q, q_len), split(key, w_k, b_k, k_len),
-                 split(value, w_v, b_v, k_len),
-                 _as_sdpa_mask(attn_mask, batch, heads, q_len, k_len), False, None, False)
-    out = module.out_proj(out.transpose(1, 2).reshape(batch, q_len, embed))
-    return (out if module.batch_first else out.transpose(0, 1)), None
-
-
-def _mha_input(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype
-               ) -> tuple[Any, ...]:
-    device = next((p.device for p in module.parameters()), torch.device("cpu"))
-    x = torch.randn(2, 8, facts["hidden"], dtype=dtype, device=device)
-    if not getattr(module, "batch_first", False):
-        x = x.transpose(0, 1)
-    return (x, x, x, None, False)  # need_weights=False: what a transformer layer passes
-
-
-MULTIHEAD_ATTENTION = ModulePattern(
-    "multihead_attention", "scaled_dot_product_attention", _mha_match, _mha_forward,
-    _mha_input, "nn.MultiheadAttention called without asking for attention weights (as "
-    "nn.TransformerEncoderLayer and DecoderLayer call it)", _mha_misfit)
-
-BUILTIN_PATTERNS = (RMS_NORM, SWIGLU, MULTIHEAD_ATTENTION)
 
 
 # --- the substituted module ------------------------------------------------------------
@@ -273,6 +72,18 @@ def _substituted_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return sub.pattern.forward(self, sub.kernel, sub.facts, *args, **kwargs)
 
 
+def _restore(cls: type[nn.Module], state: dict[str, Any]) -> nn.Module:
+    module = cls.__new__(cls)
+    module.__dict__.update(state)
+    return module
+
+
+def _reduce_ex(self: nn.Module, protocol: Any) -> tuple[Any, ...]:
+    # The kernel (an op, a plugin's function) does not pickle; the module's own class does.
+    state = {k: v for k, v in self.__dict__.items() if k != "_torchbridge_substitution"}
+    return _restore, (type(self).__mro__[1], state)
+
+
 def substituted_class(cls: type) -> type:
     """A subclass of `cls` whose forward calls the substitution's kernel; same name, so
     code that matches module classes by name (Hugging Face's no-split lists) still does."""
@@ -282,7 +93,8 @@ def substituted_class(cls: type) -> type:
     if sub is None:
         sub = type(cls.__name__, (cls,), {
             "forward": _substituted_forward, "_torchbridge_substituted": True,
-            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+            "__reduce_ex__": _reduce_ex, "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
             "__doc__": f"{cls.__qualname__} running a TorchBridge kernel (see "
                        "module._torchbridge_substitution)."})
         _SUBCLASSES[cls] = sub
@@ -326,6 +138,20 @@ def _tolerance(dtype: torch.dtype, ctx: PassContext) -> float:
     return max(tol, TOLERANCES.get(autocast, tol)) if autocast is not None else tol
 
 
+def _signature(values: Any) -> tuple[Any, ...]:
+    """What identifies a call for sharing verdicts: tensors by shape and dtype (None for
+    absent ones), other values by repr."""
+    return tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v)
+                 for v in values)
+
+
+def _shifted(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Floating inputs moved off zero mean: LayerNorm and RMSNorm agree on zero-mean data to
+    about 1/sqrt(width), and differ plainly here."""
+    return tuple(a + 3.0 if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                 for a in args)
+
+
 def _gradients(run: Callable[..., Any], args: tuple[Any, ...], module: nn.Module,
                grad_seed: int) -> list[torch.Tensor | None]:
     inputs = [a.detach().clone().requires_grad_(True)
@@ -340,58 +166,96 @@ def _gradients(run: Callable[..., Any], args: tuple[Any, ...], module: nn.Module
     return list(torch.autograd.grad(outs, wrt, grads_out, allow_unused=True))
 
 
-def _seconds(run: Callable[[], Any], repeats: int = 20) -> float:
-    run()
-    started = time.perf_counter()
-    for _ in range(repeats):
-        run()
-    return (time.perf_counter() - started) / repeats
-
-
 @dataclass
 class _Verdict:
     ok: bool
     detail: str
 
 
+class _Recorder:
+    """Wraps a kernel to keep the arguments of its first call (what the op receives)."""
+
+    def __init__(self, kernel: BoundKernel) -> None:
+        self.kernel = kernel
+        self.calls: list[tuple[Any, ...]] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.calls:
+            self.calls.append(bind_arguments(self.kernel.op, args, kwargs))
+        return self.kernel(*args, **kwargs)
+
+
 @dataclass
 class _Gate:
-    """Checks candidates on one model's modules; verdicts are shared between modules with
-    the same inputs' shapes and dtypes (thirty identical decoder layers are one check)."""
+    """Checks candidates on one model's modules, sharing verdicts between identical calls."""
 
     ctx: PassContext
     measure: bool
     verdicts: dict[tuple[Any, ...], _Verdict] = field(default_factory=dict)
 
-    def _autocast(self) -> Any:
+    @contextmanager
+    def _isolated(self) -> Iterator[None]:
+        """The caller's RNG untouched (the device's too), and the model's autocast."""
+        device = self.ctx.backend.device
+        forked = [] if device.type == "cpu" else [device.index or 0]
+        try:
+            rng = torch.random.fork_rng(devices=forked, device_type=device.type)
+            rng.__enter__()
+        except (AttributeError, RuntimeError):  # a device type torch cannot fork
+            rng = torch.random.fork_rng(devices=[])
+            rng.__enter__()
         dtype = self.ctx.state.get("autocast_dtype")
-        if dtype is None:
-            return torch.autocast(self.ctx.backend.device.type, enabled=False)
-        return torch.autocast(self.ctx.backend.device.type, dtype=dtype)
+        autocast = torch.autocast(device.type, enabled=False) if dtype is None \
+            else torch.autocast(device.type, dtype=dtype)
+        try:
+            with autocast:
+                torch.manual_seed(0)
+                yield
+        finally:
+            rng.__exit__(None, None, None)
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        with torch.random.fork_rng(devices=[]), self._autocast():
-            torch.manual_seed(0)
+        with self._isolated():
             return fn(*args)
+
+    def seconds(self, fn: Callable[[], Any], repeats: int = 15) -> float:
+        """Median seconds per call, the device synchronised around each."""
+        sync = self.ctx.backend.synchronize
+        times = []
+        with self._isolated(), torch.no_grad():
+            fn()
+            for _ in range(repeats):
+                sync()
+                started = time.perf_counter()
+                fn()
+                sync()
+                times.append(time.perf_counter() - started)
+        return statistics.median(times)
 
     def check(self, module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
               candidate: Candidate, args: tuple[Any, ...], reference_out: Any) -> _Verdict:
-        key = (id(candidate.implementation), pattern.name, self.ctx.training,
-               tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else repr(a)
-                     for a in args))
+        recorder = _Recorder(bind(None, None, pattern.op))
+        with torch.no_grad():
+            self.run(pattern.forward, module, recorder, facts, *args)
+        op_call = recorder.calls[0] if recorder.calls else ()
+        key = (candidate.provider, candidate.implementation.name, pattern.name,
+               self.ctx.training, _signature(args), _signature(op_call))
         known = self.verdicts.get(key)
         if known is None:
             known = self.verdicts[key] = self._check(module, pattern, facts, candidate, args,
-                                                     reference_out)
+                                                     reference_out, op_call)
         return known
 
     def _check(self, module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
-               candidate: Candidate, args: tuple[Any, ...], reference_out: Any) -> _Verdict:
+               candidate: Candidate, args: tuple[Any, ...], reference_out: Any,
+               op_call: tuple[Any, ...]) -> _Verdict:
         impl = candidate.implementation
+        declined = decline_reason(impl, op_call) if op_call else None
+        if declined is not None:
+            return _Verdict(False, f"declines this module's call: {declined}")
         kernel = bind(impl, candidate.provider, pattern.op)
         reference = bind(None, None, pattern.op)
-        dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)
-                      and a.is_floating_point()), torch.float32)
+        dtype = first_floating_dtype(args) or torch.float32
         tol = _tolerance(dtype, self.ctx)
         try:
             with torch.no_grad():
@@ -410,10 +274,8 @@ class _Gate:
                     return _Verdict(False, f"gradients differ from the reference's by "
                                            f"{error:.3g} (tolerance {tol:g} in {dtype})")
             if self.measure:
-                with torch.no_grad():
-                    fast = _seconds(lambda: self.run(pattern.forward, module, kernel, facts,
-                                                     *args))
-                    slow = _seconds(lambda: self.run(module.forward, *args))
+                fast = self.seconds(lambda: pattern.forward(module, kernel, facts, *args))
+                slow = self.seconds(lambda: module.forward(*args))
                 if fast > slow:
                     return _Verdict(False, f"slower than the module's own code ({fast * 1e6:.0f}"
                                            f" us vs {slow * 1e6:.0f} us)")
@@ -422,6 +284,21 @@ class _Gate:
         except Exception as exc:
             return _Verdict(False, f"raised {type(exc).__name__}: {exc}")
         return _Verdict(True, f"max rel error {error:.2g}")
+
+    def formula_error(self, module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
+                      args: tuple[Any, ...]) -> tuple[float, Any]:
+        """(how far the pattern's forward with the reference is from the module's own
+        output, the pattern's output on `args`): on `args`, and on a shifted synthetic
+        input in the module's dtype."""
+        reference = bind(None, None, pattern.op)
+        probe = _shifted(pattern.example_input(module, facts, _parameter_dtype(module)))
+        with torch.no_grad():
+            reference_out = self.run(pattern.forward, module, reference, facts, *args)
+            error = relative_error(reference_out, self.run(module, *args))
+            error = max(error, relative_error(
+                self.run(pattern.forward, module, reference, facts, *probe),
+                self.run(module, *probe)))
+        return error, reference_out
 
 
 # --- the pass ------------------------------------------------------------------------------
@@ -464,16 +341,31 @@ def _matches(model: nn.Module, ctx: PassContext
     return found
 
 
+@dataclass
+class _Captured:
+    """The modules the sample run called (by id), and their positional inputs: one copy
+    per input signature, shared by the modules that were called with that signature."""
+
+    ran: set[int] = field(default_factory=set)
+    signature_of: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    inputs: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict)
+
+    def args(self, module: nn.Module) -> tuple[Any, ...] | None:
+        signature = self.signature_of.get(id(module))
+        return None if signature is None else self.inputs[signature]
+
+
 def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext,
-                    gate: _Gate, ran: set[int]) -> dict[int, tuple[Any, ...]]:
-    """Each module's positional inputs from one run of the sample input, in eval mode (no
-    running statistic moves), RNG forked; the model's modes are restored after."""
+                    gate: _Gate) -> _Captured:
+    """The matched modules' inputs from one run of the sample input, in eval mode (no
+    running statistic moves), RNG forked; the model's modes are restored after. When the
+    run fails, nothing is captured (synthetic inputs then)."""
     from torchbridge.optimize.measure import call_args
 
-    captured: dict[int, tuple[Any, ...]] = {}
+    captured = _Captured()
 
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        ran.add(id(module))
+        captured.ran.add(id(module))
         if kwargs:  # keywords become positions where the forward's signature allows
             try:
                 bound = inspect.signature(module.forward).bind(*args, **kwargs)
@@ -482,9 +374,12 @@ def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext
             if bound.kwargs:
                 return  # keyword-only arguments: checked on synthetic inputs instead
             args = bound.args
-        if args:
-            captured.setdefault(id(module), tuple(
-                a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args))
+        if not args or id(module) in captured.signature_of:
+            return
+        signature = (type(module), _signature(args))
+        captured.signature_of[id(module)] = signature
+        captured.inputs.setdefault(signature, tuple(
+            a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args))
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
     modes = {m: m.training for m in model.modules()}
@@ -495,6 +390,7 @@ def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext
     except Exception as exc:
         ctx.notes.append(f"kernel_substitution: the sample input did not run ({exc}); "
                          "checked on synthetic inputs")
+        captured = _Captured()
     finally:
         for handle in handles:
             handle.remove()
@@ -503,10 +399,9 @@ def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext
     return captured
 
 
-def _input_dtype(module: nn.Module, ctx: PassContext) -> torch.dtype:
-    autocast: torch.dtype | None = ctx.state.get("autocast_dtype")
-    if autocast is not None:
-        return autocast
+def _parameter_dtype(module: nn.Module) -> torch.dtype:
+    # The ops have no autocast rule: a norm on a float32 residual stream runs in float32
+    # under autocast too. The gate runs under the model's autocast all the same.
     return next((p.dtype for p in module.parameters() if p.is_floating_point()),
                 torch.float32)
 
@@ -514,37 +409,30 @@ def _input_dtype(module: nn.Module, ctx: PassContext) -> torch.dtype:
 def _substitute_kernels(model: nn.Module, ctx: PassContext) -> nn.Module:
     matches = _matches(model, ctx)
     gate = _Gate(ctx, measure=bool(ctx.state.get("measure")) and ctx.sample_input is not None)
-    ran: set[int] = set()
-    captured = _capture_inputs(model, [m for _, m, _, _ in matches], ctx, gate, ran) \
-        if ctx.sample_input is not None else {}
+    captured = _capture_inputs(model, [m for _, m, _, _ in matches], ctx, gate) \
+        if ctx.sample_input is not None else _Captured()
     records: list[dict[str, Any]] = ctx.state.setdefault("kernel_substitutions", [])
-    info = ctx.device_info
     for name, module, pattern, facts in matches:
         record: dict[str, Any] = {"module": name, "pattern": pattern.name, "op": pattern.op}
         records.append(record)
-        if ran and id(module) not in ran:
+        if captured.ran and id(module) not in captured.ran:
             record.update(status="kept", detail="not called when the model ran the sample "
                           "input (another code path computes it)")
             continue
-        args = captured.get(id(module)) or pattern.example_input(
-            module, facts, _input_dtype(module, ctx))
-        dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)
-                      and a.is_floating_point()), None)
+        args = captured.args(module) or pattern.example_input(
+            module, facts, _parameter_dtype(module))
         misfit = pattern.misfit(module, facts, *args) if pattern.misfit else None
         if misfit is not None:
             record.update(status="kept", detail=f"the op's contract does not fit: {misfit}")
             continue
-        with torch.no_grad():
-            own = gate.run(module, *args)
-            reference_out = gate.run(pattern.forward, module, bind(None, None, pattern.op),
-                                     facts, *args)
-        error = relative_error(reference_out, own)
-        tol = _tolerance(dtype or torch.float32, ctx)
-        if not error <= tol:
+        dtype = first_floating_dtype(args) or torch.float32
+        error, reference_out = gate.formula_error(module, pattern, facts, args)
+        if not error <= _tolerance(dtype, ctx):
             record.update(status="kept", detail=f"not a {pattern.name}: its output differs "
                           f"from the {pattern.op} formula by {error:.3g}")
             continue
-        choice = choose(pattern.op, ctx.backend, dtype=dtype, training=ctx.training, info=info)
+        choice = choose(pattern.op, ctx.backend, dtype=dtype, training=ctx.training,
+                        info=ctx.device_info)
         rejected = choice.reasons()
         for candidate in choice.eligible:
             verdict = gate.check(module, pattern, facts, candidate, args, reference_out)

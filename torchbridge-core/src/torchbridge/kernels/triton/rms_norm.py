@@ -143,7 +143,7 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float
         block = row_block(n_cols)
         with on_device(x):
             rms_norm_forward_kernel[(n_rows,)](
-                rows, rows if weight is None else weight, y, rstd, rows.stride(0),
+                rows, rows if weight is None else weight.contiguous(), y, rstd, rows.stride(0),
                 y.stride(0), n_cols, eps, HAS_WEIGHT=weight is not None, BLOCK=block,
                 num_warps=num_warps(block))
     return y.view(x.shape), rstd.view(x.shape[:-1])
@@ -180,7 +180,7 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
         block = row_block(n_cols)
         with on_device(x):
             rms_norm_backward_kernel[(programs,)](
-                grad_rows, rows, rows if weight is None else weight,
+                grad_rows, rows, rows if weight is None else weight.contiguous(),
                 partial if rstd is None else rstd,
                 rows if grad_sum_rows is None else grad_sum_rows, grad_x, partial,
                 grad_rows.stride(0), rows.stride(0),
@@ -233,7 +233,7 @@ def add_rms_norm_forward(x: torch.Tensor, residual: torch.Tensor,
         block = row_block(n_cols)
         with on_device(x):
             add_rms_norm_forward_kernel[(n_rows,)](
-                rows, residual_rows, rows if weight is None else weight, y, total,
+                rows, residual_rows, rows if weight is None else weight.contiguous(), y, total,
                 rows.stride(0), residual_rows.stride(0), y.stride(0), total.stride(0),
                 n_cols, eps, HAS_WEIGHT=weight is not None, BLOCK=block,
                 num_warps=num_warps(block))

@@ -25,6 +25,7 @@ import torchbridge
 from torchbridge.kernels import ops
 from torchbridge.kernels.choice import choose
 from torchbridge.kernels.implementations import TOLERANCES
+from torchbridge.optimize.kernel_substitution import relative_error
 
 
 def cases(device: torch.device, dtype: torch.dtype, small: bool) -> dict[str, tuple[Any, ...]]:
@@ -69,12 +70,6 @@ def copy_bandwidth(device: torch.device, sync: Callable[[], None]) -> float:
     src = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=device)
     seconds = median_seconds(lambda: src.clone(), sync, repeats=10)
     return 2 * src.numel() / seconds
-
-
-def relative_error(out: Any, ref: Any) -> float:
-    pairs = zip(out, ref, strict=True) if isinstance(out, tuple) else [(out, ref)]
-    return max(((o.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-12))
-               .item() for o, r in pairs)
 
 
 def run(backend_name: str | None, dtype: torch.dtype) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchbridge import trees
 from torchbridge.backend import get_backend
 from torchbridge.errors import CheckpointError
 
@@ -28,26 +29,11 @@ logger = logging.getLogger(__name__)
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module inside prepare_model's wrappers (torch.compile, autocast), so a
     prepared model saves under the same keys as the original."""
-    from torchbridge.optimize.core_passes import AutocastModule
-
-    while True:
+    while True:  # the core's passes change forward in place; plugins may wrap
         inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
-        if isinstance(inner, nn.Module):
-            model = inner
-        elif isinstance(model, AutocastModule):
-            model = model.module
-        else:
+        if not isinstance(inner, nn.Module):
             return model
-
-
-def _map(obj: Any, fn: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, _map(v, fn)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map(v, fn) for v in obj)
-    return obj
+        model = inner
 
 
 def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.PathLike[str]
@@ -61,7 +47,7 @@ def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.P
     else:
         raise CheckpointError(f"save_checkpoint takes an nn.Module or a dict, got "
                               f"{type(model_or_state).__name__}")
-    cpu_state = _map(state, lambda t: t.detach().cpu())
+    cpu_state = trees.map_tensors(lambda t: t.detach().cpu(), state)
     path = Path(path)
     if not path.parent.is_dir():
         raise CheckpointError(f"cannot save {path}: directory {path.parent} does not exist")
@@ -124,4 +110,4 @@ def load_checkpoint(path: str | os.PathLike[str], backend: Any = None,
             t = t.to(dtype)
         return t.to(device) if device is not None else t
 
-    return _map(state, place)
+    return trees.map_tensors(place, state)

@@ -1,0 +1,109 @@
+"""Changing how a model runs without wrapping it: its forward is replaced on the instance.
+
+A wrapper module (an autocast module, torch.compile's OptimizedModule) hides the model: its
+attributes and methods (a Hugging Face model's `config` and `generate()`), its class for
+isinstance, and its state_dict keys (`module.`, `_orig_mod.` prefixes). Setting `forward`
+on the instance keeps the model the object it was: nn.Module.__call__ finds the new forward,
+so hooks still fire around it, and `generate()`, which calls `self(...)`, runs it too.
+
+Each installed forward gets its own code object: torch.compile keeps compiled graphs per
+code object and falls back to eager after `recompile_limit` (8) variants, so prepared
+models sharing one forward function would run uncompiled from the ninth on.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchbridge import trees
+
+logger = logging.getLogger(__name__)
+
+
+def _own_code(fn: Callable[..., Any], like: Callable[..., Any]) -> Callable[..., Any]:
+    assert isinstance(fn, types.FunctionType)
+    fresh = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                               fn.__defaults__, fn.__closure__)
+    # HF generate() reads forward's signature (which arguments it may pass): keep it.
+    functools.update_wrapper(fresh, like)
+    return fresh
+
+
+def install_forward(model: nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]]
+                    ) -> None:
+    """model.forward = make(current forward), with its own code object."""
+    inner = model.forward
+    model.forward = _own_code(make(inner), inner)  # type: ignore[method-assign]
+
+
+def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
+                     out_dtype: torch.dtype) -> None:
+    """Forward under torch.autocast; floating outputs in `dtype` come back in `out_dtype`
+    (the model's own dtype), in the same containers."""
+
+    def make(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            with torch.autocast(device_type=device_type, dtype=dtype):
+                out = inner(*args, **kwargs)
+            return _cast_back(out, dtype, out_dtype)
+        return forward
+
+    install_forward(model, make)
+
+
+@torch._dynamo.disable  # type: ignore[misc]
+def _cast_back(out: Any, dtype: torch.dtype, out_dtype: torch.dtype) -> Any:
+    # Outside the compiled region: registering an output type is Python bookkeeping.
+    return trees.map_tensors(lambda t: t.to(out_dtype) if t.dtype == dtype else t, out)
+
+
+class CompileState:
+    """What the compiled forward of one model went through: the first error, if any."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+
+def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], Any]
+                     ) -> CompileState:
+    """Forward compiled by `compile(fn)`. Compiling happens at the first call; if the
+    compiled forward raises where the uncompiled one runs, the model keeps running
+    uncompiled, with one logged warning, and `state.error` holds the compile error."""
+    state = CompileState()
+
+    def make(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return inner(*args, **kwargs)
+
+        compiled = compile(_own_code(call, inner))
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if state.error is not None:
+                return inner(*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as exc:
+                out = inner(*args, **kwargs)  # raises the model's own error if it has one
+                state.error = exc
+                logger.warning("the compiled forward of %s failed (%s: %s); it runs "
+                               "uncompiled from now on", type(model).__name__,
+                               type(exc).__name__, exc)
+                return out
+        return forward
+
+    install_forward(model, make)
+    return state
+
+
+def compile_state(model: nn.Module) -> CompileState | None:
+    forward = model.__dict__.get("forward")
+    closure = getattr(forward, "__closure__", None) or ()
+    return next((c.cell_contents for c in closure
+                 if isinstance(c.cell_contents, CompileState)), None)

@@ -19,7 +19,12 @@ from typing import Any
 import torch
 
 from torchbridge.models import reference_models
-from torchbridge.optimize.measure import interleaved_latency, median_latency, output_drift
+from torchbridge.optimize.measure import (
+    interleaved_latency,
+    median_latency,
+    output_drift,
+    sample_call,
+)
 from torchbridge.types import dtype_name
 
 logger = logging.getLogger(__name__)
@@ -51,18 +56,34 @@ def matmul_peak(dtype: torch.dtype, size: int = 2048) -> float:
     return 2 * size**3 / seconds
 
 
-def _flops(model: torch.nn.Module, x: torch.Tensor) -> int:
+def _flops(model: torch.nn.Module, x: Any) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
+    call = sample_call(_CPU, x)
     with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-        model(x)
+        call(model)
     return int(counter.get_total_flops())
 
 
+class _Host:
+    """Stands in for a backend where only to_device is needed: inputs stay where they are."""
+
+    @staticmethod
+    def to_device(obj: Any) -> Any:
+        return obj
+
+
+_CPU = _Host()
+
+
 def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | None = None,
-        progress: Callable[[int, int, str], None] | None = None, scale: float = 1.0
-        ) -> dict[str, Any]:
-    """Run the benchmark; `scale` < 1 shrinks the models (for tests, not for figures)."""
+        progress: Callable[[int, int, str], None] | None = None, scale: float = 1.0,
+        suite: str = "reference") -> dict[str, Any]:
+    """Run the benchmark; `scale` < 1 shrinks the models (for tests, not for figures).
+    suite "reference": torchbridge.models; "hf": Hugging Face architectures from their
+    configs (torchbridge.hf_models, needs transformers), with an extra variant "O3 no
+    sample" (prepared without a sample input), the matmul share and sizes of each model,
+    and generate() tokens per second for the decoders."""
     import torch._inductor.config as inductor_config
 
     import torchbridge
@@ -73,9 +94,22 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
     low = backend.low_precision_dtype()
     dtypes = [torch.float32] + ([low] if low is not None else [])
     peaks = {dtype_name(d): matmul_peak(d) for d in dtypes}
-    chosen = [m for m in reference_models(scale) if models is None or m.name in models]
-    sizes: dict[str, tuple[int, ...]] = dict(batches or BATCHES)
-    total = sum(len(sizes[m.name]) for m in chosen) * len(VARIANTS)
+    variants = VARIANTS
+    chosen: list[Any]
+    if suite == "hf":
+        from torchbridge import hf_models
+
+        chosen = hf_models.hf_reference_models(scale)
+        default_sizes = hf_models.BATCHES
+        variants = (*VARIANTS, "O3 no sample")
+    else:
+        chosen = reference_models(scale)
+        default_sizes = BATCHES
+    chosen = [m for m in chosen if models is None or m.name in models]
+    sizes: dict[str, tuple[int, ...]] = dict(batches or default_sizes)
+    total = sum(len(sizes[m.name]) for m in chosen) * len(variants)
+    profiles: dict[str, Any] = {}
+    generation: list[dict[str, Any]] = []
     done = 0
     warm = torch.compile(torch.nn.Linear(8, 8))  # pay inductor's one-time import cost here
     with torch.inference_mode():
@@ -92,7 +126,12 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
                     progress(done, total, f"{name} batch {batch} {variant}")
                 done += 1
 
-            rows.extend(_measure(backend, ref.name, batch, model, x, peaks, step))
+            rows.extend(_measure(backend, ref.name, batch, model, x, peaks, step, variants))
+            if suite == "hf":
+                profiles[f"{ref.name} b{batch}"] = matmul_profile(model, x)
+        if suite == "hf" and getattr(ref, "is_decoder", False):
+            generation.append(generate_speed(backend, ref.name, ref.build(),
+                                             ref.make_input(1)["input_ids"][:, :16]))
     # The peak is the best this machine showed: measured again at the end, since a slow
     # spell at the start would make every "% of peak" look better than it is.
     for d in dtypes:
@@ -108,7 +147,62 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
     return {"backend": backend.name, "device": backend.get_device_info().name,
             "torch": torch.__version__, "threads": torch.get_num_threads(),
             "matmul_peak_tflops": {k: v / 1e12 for k, v in peaks.items()},
-            "rows": [asdict(r) for r in rows]}
+            "rows": [asdict(r) for r in rows], "suite": suite,
+            "matmul_profile": profiles, "generation": generation}
+
+
+def matmul_profile(model: torch.nn.Module, x: Any) -> dict[str, Any]:
+    """Where an eager call's FLOPs are: the share in matrix products, and the most
+    FLOP-heavy matmul shapes (M x K x N) with their share."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    shapes: dict[str, int] = {}
+
+    class Shapes(torch.utils._python_dispatch.TorchDispatchMode):  # type: ignore[no-untyped-call]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            name = func._schema.name
+            mats = [a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2]
+            if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm") and \
+                    len(mats) >= 2:
+                a, b = mats[-2], mats[-1]
+                batch = a.shape[0] if a.dim() == 3 else 1
+                key = f"{a.shape[-2]}x{a.shape[-1]}x{b.shape[-1]}"
+                shapes[key] = shapes.get(key, 0) + 2 * batch * a.shape[-2] * a.shape[-1] \
+                    * b.shape[-1]
+            return func(*args, **(kwargs or {}))
+
+    call = sample_call(_CPU, x)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter, Shapes():
+        call(model)
+    total = max(int(counter.get_total_flops()), 1)
+    by_op = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
+    matmul = sum(n for op, n in by_op.items() if any(
+        k in op for k in ("mm", "addmm", "bmm", "baddbmm", "scaled_dot_product")))
+    top = sorted(shapes.items(), key=lambda kv: -kv[1])[:3]
+    return {"total_gflop": total / 1e9, "matmul_share": matmul / total,
+            "top_matmuls": [f"{k} ({v / total:.0%})" for k, v in top]}
+
+
+def generate_speed(backend: Any, name: str, model: torch.nn.Module, ids: torch.Tensor,
+                   new_tokens: int = 32) -> dict[str, Any]:
+    """Greedy generate() tokens per second: eager fp32 against prepare_model at O3 (with
+    the prompt as sample input), median of 3 after one warm-up; and whether the tokens
+    are the same."""
+    prepared = backend.prepare_model(model, "O3", sample_input={"input_ids": ids})
+    out: dict[str, Any] = {"model": name, "prompt": list(ids.shape), "new_tokens": new_tokens}
+    tokens = {}
+    for label, m in (("eager", model), ("O3", prepared)):
+        def gen(m: torch.nn.Module = m) -> Any:
+            return m.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              do_sample=False, pad_token_id=0)
+        with torch.inference_mode():
+            tokens[label] = gen()
+        seconds = median_latency(gen, backend.synchronize, warmup=1, repeats=3)
+        out[f"{label}_tokens_per_s"] = ids.shape[0] * new_tokens / seconds
+    out["speedup"] = out["O3_tokens_per_s"] / out["eager_tokens_per_s"]
+    out["same_tokens"] = bool(torch.equal(tokens["eager"], tokens["O3"]))
+    return out
 
 
 def _fresh_compile_caches() -> contextlib.AbstractContextManager[Any]:
@@ -136,8 +230,8 @@ class _Variant:
     peak_memory_bytes: int | None
 
 
-def _prepare(backend: Any, variant: str, model: torch.nn.Module, x: torch.Tensor,
-             expected: torch.Tensor) -> _Variant:
+def _prepare(backend: Any, variant: str, model: torch.nn.Module, x: Any,
+             expected: Any) -> _Variant:
     with _fresh_compile_caches():
         compute_dtype = "float32"
         started = time.perf_counter()
@@ -148,33 +242,36 @@ def _prepare(backend: Any, variant: str, model: torch.nn.Module, x: torch.Tensor
             run_model = torch.compile(copy.deepcopy(model))
         else:
             # With the sample input, as a user who has one would: passes may measure it.
-            result = backend.optimize(model, variant, sample_input=x)
+            # "O3 no sample": as a user without one.
+            level, _, blind = variant.partition(" ")
+            result = backend.optimize(model, level, sample_input=None if blind else x)
             run_model = result.model
             if any(p.name == "autocast" and p.status == "applied" for p in result.passes):
                 compute_dtype = dtype_name(backend.low_precision_dtype())
-        args = backend.to_device(x)
+        call = sample_call(backend, x)
         if backend.get_memory_stats().peak_allocated_bytes is not None:
             backend.reset_peak_memory_stats()
         with torch.inference_mode():
-            out = run_model(args)
+            out = call(run_model)
         backend.synchronize()
         first_call = time.perf_counter() - started
     _, rel = output_drift(expected, out)
-    return _Variant(variant, lambda: run_model(args), first_call, rel, compute_dtype,
+    return _Variant(variant, lambda: call(run_model), first_call, rel, compute_dtype,
                     backend.get_memory_stats().peak_allocated_bytes)
 
 
-def _measure(backend: Any, name: str, batch: int, model: torch.nn.Module, x: torch.Tensor,
-             peaks: dict[str, float], progress: Callable[[str], None]) -> list[Row]:
+def _measure(backend: Any, name: str, batch: int, model: torch.nn.Module, x: Any,
+             peaks: dict[str, float], progress: Callable[[str], None],
+             variants_run: tuple[str, ...] = VARIANTS) -> list[Row]:
     """Every variant of one model at one batch size: prepared one by one (first call),
     then timed round-robin, so that a slow spell of the machine slows all variants alike
     rather than the one that happened to be running (timed one after the other, an O1
     that changes nothing came out 1.7x slower than eager)."""
     flops = _flops(model, x)
     with torch.inference_mode():
-        expected = model(x)
+        expected = sample_call(_CPU, x)(model)
     variants = []
-    for variant in VARIANTS:
+    for variant in variants_run:
         progress(variant)
         variants.append(_prepare(backend, variant, model, x, expected))
     seconds = interleaved_latency([v.call for v in variants], backend.synchronize, warmup=2,
@@ -192,9 +289,11 @@ def targets(report: dict[str, Any]) -> list[tuple[str, bool, str]]:
     """Issue 3's targets checked against one run: (target, met, evidence)."""
     rows = report["rows"]
     out = []
+    hf = report.get("suite") == "hf"
     for model in sorted({r["model"] for r in rows}):
         best = max((r for r in rows if r["model"] == model and r["variant"] in
-                    ("O1", "O2", "O3")), key=lambda r: r["speedup_vs_eager"])
+                    (("O3",) if hf else ("O1", "O2", "O3"))),
+                   key=lambda r: r["speedup_vs_eager"])
         mine = [r for r in rows if r["model"] == model and r["variant"] == best["variant"]]
         ok = all(r["speedup_vs_eager"] >= 2 and r["speedup_vs_compile"] >= 1.5 and
                  r["rel_error"] < 1e-2 for r in mine)
@@ -209,6 +308,12 @@ def targets(report: dict[str, Any]) -> list[tuple[str, bool, str]]:
         out.append((f"{model} at {best['variant']}: first call <= 1.5x torch.compile's", ok,
                     "; ".join(f"b{r['batch']}: {r['first_call_s']:.1f}s vs "
                               f"{c['first_call_s']:.1f}s" for r, c in first)))
+        blind = [r for r in rows if r["model"] == model and r["variant"] == "O3 no sample"]
+        if blind:
+            out.append((f"{model} at O3 without a sample input: not slower than eager",
+                        all(r["speedup_vs_eager"] >= 1.0 for r in blind),
+                        "; ".join(f"b{r['batch']}: {r['speedup_vs_eager']:.2f}x eager"
+                                  for r in blind)))
     mlp = [r for r in rows if r["model"] == "mlp" and r["batch"] == 256 and
            r["variant"] in ("O1", "O2", "O3") and r["compute_dtype"] != "float32"]
     if mlp:
@@ -231,6 +336,15 @@ def render(report: dict[str, Any]) -> str:
                      f"| {r['speedup_vs_eager']:.2f}x | {r['speedup_vs_compile']:.2f}x "
                      f"| {r['first_call_s']:.1f} | {r['rel_error']:.1e} | {r['tflops']:.3f} "
                      f"| {r['peak_fraction']:.0%} ({r['compute_dtype']}) |")
+    for key, prof in report.get("matmul_profile", {}).items():
+        lines.append(f"{key}: {prof['total_gflop']:.2f} GFLOP per call, "
+                     f"{prof['matmul_share']:.0%} in matmul/attention; largest matmuls "
+                     f"(MxKxN, FLOP share): {', '.join(prof['top_matmuls'])}")
+    for g in report.get("generation", []):
+        lines.append(f"generate {g['model']} prompt {g['prompt']}, {g['new_tokens']} new "
+                     f"tokens: eager {g['eager_tokens_per_s']:.1f} tok/s, O3 "
+                     f"{g['O3_tokens_per_s']:.1f} tok/s ({g['speedup']:.2f}x), same tokens: "
+                     f"{g['same_tokens']}")
     lines += ["", "targets:"]
     lines += [f"  [{'met' if ok else 'MISSED'}] {name}: {ev}" for name, ok, ev in
               targets(report)]

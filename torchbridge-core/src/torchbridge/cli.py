@@ -34,7 +34,7 @@ def _bench(args: argparse.Namespace) -> int:
             sys.stderr.write("\n")
         sys.stderr.flush()
 
-    report = bench.run(models=args.models, progress=progress)
+    report = bench.run(models=args.models, progress=progress, suite=args.suite)
     if args.plot:
         bench.plot(report, args.plot)
     print(json.dumps(report, indent=2) if args.json else bench.render(report))
@@ -83,7 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     doc.set_defaults(func=_doctor)
     bench = sub.add_parser("bench", help="prepare_model benchmark on the reference models")
     bench.add_argument("--models", nargs="+", choices=["mlp", "convnet", "encoder",
-                                                      "decoder_lm"])
+                                                      "decoder_lm", "llama", "gpt2", "bert",
+                                                      "vit", "resnet"])
+    bench.add_argument("--suite", choices=["reference", "hf"], default="reference",
+                       help="hf: Hugging Face architectures from their configs (needs "
+                       "transformers)")
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--plot", metavar="PATH", help="write a PNG chart (needs matplotlib)")
     bench.set_defaults(func=_bench)

@@ -151,37 +151,66 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
             "matmul_profile": profiles, "generation": generation}
 
 
-def matmul_profile(model: torch.nn.Module, x: Any) -> dict[str, Any]:
-    """Where an eager call's FLOPs are: the share in matrix products, and the most
-    FLOP-heavy matmul shapes (M x K x N) with their share."""
-    from torch.utils.flop_counter import FlopCounterMode
+_MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear"}
+_ATTENTION = {"aten::_scaled_dot_product_flash_attention_for_cpu",
+              "aten::_scaled_dot_product_attention_math", "aten::convolution"}
 
-    shapes: dict[str, int] = {}
 
-    class Shapes(torch.utils._python_dispatch.TorchDispatchMode):  # type: ignore[no-untyped-call]
+def _matmul_shape(name: str, args: Any) -> tuple[int, int, int, int] | None:
+    """(batch, M, K, N) of a matrix product's arguments."""
+    mats = [a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2]
+    if name == "aten::linear" and mats:
+        x, w = args[0], args[1]
+        return 1, x.numel() // x.shape[-1], x.shape[-1], w.shape[0]
+    if len(mats) < 2:
+        return None
+    a, b = mats[-2], mats[-1]
+    return (a.shape[0] if a.dim() == 3 else 1), a.shape[-2], a.shape[-1], b.shape[-1]
+
+
+def matmul_profile(model: torch.nn.Module, x: Any, calls: int = 3) -> dict[str, Any]:
+    """Where an eager fp32 call's time goes: the share of wall time in matrix products,
+    attention and convolution kernels, and the matmul shapes (M x K x N) taking the most
+    time, each with its share and achieved GFLOP/s. Compiling or bf16 can only speed up
+    what these kernels allow; the rest is Python, dispatch and elementwise work."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    times: dict[str, list[float]] = {}  # shape -> [seconds, flops]
+    kernel_seconds = [0.0]
+
+    class Timer(TorchDispatchMode):  # type: ignore[misc]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             name = func._schema.name
-            mats = [a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2]
-            if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm") and \
-                    len(mats) >= 2:
-                a, b = mats[-2], mats[-1]
-                batch = a.shape[0] if a.dim() == 3 else 1
-                key = f"{a.shape[-2]}x{a.shape[-1]}x{b.shape[-1]}"
-                shapes[key] = shapes.get(key, 0) + 2 * batch * a.shape[-2] * a.shape[-1] \
-                    * b.shape[-1]
-            return func(*args, **(kwargs or {}))
+            if name not in _MATMULS and name not in _ATTENTION:
+                return func(*args, **(kwargs or {}))
+            started = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            seconds = time.perf_counter() - started
+            kernel_seconds[0] += seconds
+            shape = _matmul_shape(name, args) if name in _MATMULS else None
+            if shape is not None:
+                batch, m, k, n = shape
+                entry = times.setdefault(f"{m}x{k}x{n}" + (f" (x{batch})" if batch > 1
+                                                           else ""), [0.0, 0.0])
+                entry[0] += seconds
+                entry[1] += 2.0 * batch * m * k * n
+            return out
 
     call = sample_call(_CPU, x)
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter, Shapes():
+    with torch.no_grad():
         call(model)
-    total = max(int(counter.get_total_flops()), 1)
-    by_op = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
-    matmul = sum(n for op, n in by_op.items() if any(
-        k in op for k in ("mm", "addmm", "bmm", "baddbmm", "scaled_dot_product")))
-    top = sorted(shapes.items(), key=lambda kv: -kv[1])[:3]
-    return {"total_gflop": total / 1e9, "matmul_share": matmul / total,
-            "top_matmuls": [f"{k} ({v / total:.0%})" for k, v in top]}
+        started = time.perf_counter()
+        for _ in range(calls):
+            call(model)
+        total = (time.perf_counter() - started) / calls
+        with Timer():
+            for _ in range(calls):
+                call(model)
+    top = sorted(times.items(), key=lambda kv: -kv[1][0])[:3]
+    return {"eager_ms": total * 1e3, "kernel_share": min(kernel_seconds[0] / calls / total, 1.0),
+            "top_matmuls": [f"{k} {v[0] / calls / total:.0%} at {v[1] / v[0] / 1e9:.0f} GFLOP/s"
+                            for k, v in top]}
 
 
 def generate_speed(backend: Any, name: str, model: torch.nn.Module, ids: torch.Tensor,
@@ -337,9 +366,10 @@ def render(report: dict[str, Any]) -> str:
                      f"| {r['first_call_s']:.1f} | {r['rel_error']:.1e} | {r['tflops']:.3f} "
                      f"| {r['peak_fraction']:.0%} ({r['compute_dtype']}) |")
     for key, prof in report.get("matmul_profile", {}).items():
-        lines.append(f"{key}: {prof['total_gflop']:.2f} GFLOP per call, "
-                     f"{prof['matmul_share']:.0%} in matmul/attention; largest matmuls "
-                     f"(MxKxN, FLOP share): {', '.join(prof['top_matmuls'])}")
+        lines.append(f"{key}: eager fp32 {prof['eager_ms']:.1f} ms, "
+                     f"{prof['kernel_share']:.0%} in matmul/attention/conv kernels; top "
+                     f"matmuls (MxKxN, time share, fp32 rate): "
+                     f"{', '.join(prof['top_matmuls'])}")
     for g in report.get("generation", []):
         lines.append(f"generate {g['model']} prompt {g['prompt']}, {g['new_tokens']} new "
                      f"tokens: eager {g['eager_tokens_per_s']:.1f} tok/s, O3 "

@@ -247,7 +247,7 @@ def test_drift_sees_dataclass_fields_and_python_numbers() -> None:
 def test_a_model_that_cannot_be_deep_copied() -> None:
     model = nn.Sequential(nn.Linear(4, 4)).eval()
     model.lock = threading.Lock()  # deepcopy raises on locks
-    with pytest.raises(torchbridge.ModelOptimizationError, match="deep-copied.*inplace=True"):
+    with pytest.raises(torchbridge.ModelOptimizationError, match=r"deep-copied.*inplace=True"):
         cpu().prepare_model(model, "O1")
     assert cpu().prepare_model(model, "O1", inplace=True) is model
 

@@ -12,7 +12,7 @@ import contextlib
 import copy
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -94,8 +94,9 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
     low = backend.low_precision_dtype()
     dtypes = [torch.float32] + ([low] if low is not None else [])
     peaks = {dtype_name(d): matmul_peak(d) for d in dtypes}
-    variants = VARIANTS
+    variants: tuple[str, ...] = VARIANTS
     chosen: list[Any]
+    default_sizes: Mapping[str, tuple[int, ...]]
     if suite == "hf":
         from torchbridge import hf_models
 
@@ -178,7 +179,7 @@ def matmul_profile(model: torch.nn.Module, x: Any, calls: int = 3) -> dict[str, 
     times: dict[str, list[float]] = {}  # shape -> [seconds, flops]
     kernel_seconds = [0.0]
 
-    class Timer(TorchDispatchMode):  # type: ignore[misc]
+    class Timer(TorchDispatchMode):  # type: ignore[misc,no-untyped-call,unused-ignore]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             name = func._schema.name
@@ -204,7 +205,7 @@ def matmul_profile(model: torch.nn.Module, x: Any, calls: int = 3) -> dict[str, 
         for _ in range(calls):
             call(model)
         total = (time.perf_counter() - started) / calls
-        with Timer():
+        with Timer():  # type: ignore[no-untyped-call,unused-ignore]
             for _ in range(calls):
                 call(model)
     top = sorted(times.items(), key=lambda kv: -kv[1][0])[:3]
@@ -222,7 +223,7 @@ def generate_speed(backend: Any, name: str, model: torch.nn.Module, ids: torch.T
     out: dict[str, Any] = {"model": name, "prompt": list(ids.shape), "new_tokens": new_tokens}
     tokens = {}
     for label, m in (("eager", model), ("O3", prepared)):
-        def gen(m: torch.nn.Module = m) -> Any:
+        def gen(m: Any = m) -> Any:
             return m.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                               do_sample=False, pad_token_id=0)
         with torch.inference_mode():

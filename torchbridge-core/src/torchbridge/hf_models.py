@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-BATCHES = {"llama": (4,), "gpt2": (4,), "bert": (8,), "vit": (8,), "resnet": (8,)}
+BATCHES: dict[str, tuple[int, ...]] = {
+    "llama": (4,), "gpt2": (4,), "bert": (8,), "vit": (8,), "resnet": (8,)}
 SEQ = 128
 
 
@@ -50,47 +51,49 @@ def hf_reference_models(scale: float = 1.0) -> list[HFReference]:
     """Llama-style decoder, GPT-2, BERT, ViT, ResNet. Raises ImportError naming the package
     when transformers is missing."""
     try:
-        import transformers as tf
+        import transformers
     except ImportError:
         raise ImportError("the hf suite needs transformers: pip install transformers") \
             from None
+    tf: Any = transformers  # configs take model-specific keyword arguments
 
     vocab = max(256, int(8192 * scale))
     seq = max(16, int(SEQ * scale))
     dim, layers = _dims(scale, 512, 4)
     image = 64 if scale >= 1 else 32
 
-    def seeded(make: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    def seeded(make: Callable[[], Any]) -> Callable[[], nn.Module]:
         def build() -> nn.Module:
             torch.manual_seed(0)
-            return make().eval()
+            model: nn.Module = make().eval()
+            return model
         return build
 
-    def llama() -> nn.Module:
+    def llama() -> Any:
         return tf.LlamaForCausalLM(tf.LlamaConfig(
             vocab_size=vocab, hidden_size=dim, intermediate_size=dim * 8 // 3 // 32 * 32,
             num_hidden_layers=layers, num_attention_heads=max(1, dim // 64),
             num_key_value_heads=max(1, dim // 128), max_position_embeddings=2 * seq + 64,
             tie_word_embeddings=True))
 
-    def gpt2() -> nn.Module:
+    def gpt2() -> Any:
         return tf.GPT2LMHeadModel(tf.GPT2Config(
             vocab_size=vocab, n_embd=dim, n_layer=layers, n_head=max(1, dim // 64),
             n_positions=2 * seq + 64))
 
-    def bert() -> nn.Module:
+    def bert() -> Any:
         return tf.BertForSequenceClassification(tf.BertConfig(
             vocab_size=vocab, hidden_size=dim, num_hidden_layers=layers,
             num_attention_heads=max(1, dim // 64), intermediate_size=4 * dim,
             max_position_embeddings=seq + 64, num_labels=4))
 
-    def vit() -> nn.Module:
+    def vit() -> Any:
         return tf.ViTForImageClassification(tf.ViTConfig(
             image_size=image, patch_size=8, hidden_size=dim // 2 if scale >= 1 else dim,
             num_hidden_layers=layers, num_attention_heads=max(1, dim // 128),
             intermediate_size=2 * dim, num_labels=10))
 
-    def resnet() -> nn.Module:
+    def resnet() -> Any:
         widths = [max(8, int(w * scale)) for w in (32, 64, 128, 256)]
         return tf.ResNetForImageClassification(tf.ResNetConfig(
             embedding_size=widths[0], hidden_sizes=widths, depths=[1, 1, 1, 1] if scale < 1

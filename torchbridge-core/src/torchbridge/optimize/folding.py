@@ -46,7 +46,8 @@ class FoldedBatchNorm:
         mean = getattr(self, "running_mean", None)
         if not getattr(self, "_torchbridge_keeps_shift", False) or mean is None:
             return input
-        return input - mean.view([1, -1] + [1] * (input.dim() - 2))
+        shifted: torch.Tensor = input - mean.view([1, -1] + [1] * (input.dim() - 2))
+        return shifted
 
 
 _folded_classes: dict[type, type] = {}
@@ -104,14 +105,20 @@ def traced_pairs(model: nn.Module, call: Callable[[nn.Module], Any]
     outputs: dict[nn.Module, list[torch.Tensor]] = {}
     inputs: dict[nn.Module, list[torch.Tensor]] = {}
     active: list[nn.Module] = []
-    handles = []
-    for conv in convs:
-        handles.append(conv.register_forward_hook(
-            lambda m, a, out: outputs.setdefault(m, []).append(out)))
+
+    def conv_done(module: nn.Module, args: Any, out: Any) -> None:
+        outputs.setdefault(module, []).append(out)
+
+    def bn_starts(module: nn.Module, args: Any) -> None:
+        inputs.setdefault(module, []).append(args[0])
+        active.append(module)
+
+    def bn_done(module: nn.Module, args: Any, out: Any) -> None:
+        active.pop()
+
+    handles = [conv.register_forward_hook(conv_done) for conv in convs]
     for bn in bns:
-        handles.append(bn.register_forward_pre_hook(
-            lambda m, a: (inputs.setdefault(m, []).append(a[0]), active.append(m))[0] and None))
-        handles.append(bn.register_forward_hook(lambda m, a, out: active.pop() and None))
+        handles += [bn.register_forward_pre_hook(bn_starts), bn.register_forward_hook(bn_done)]
     counter = _UseCounter(lambda: bool(active))
     try:
         with counter:
@@ -120,12 +127,12 @@ def traced_pairs(model: nn.Module, call: Callable[[nn.Module], Any]
         for h in handles:
             h.remove()
     by_output = {id(outs[0]): conv for conv, outs in outputs.items() if len(outs) == 1}
-    pairs = []
-    for bn, ins in inputs.items():
+    pairs: list[tuple[nn.Module, nn.Module]] = []
+    for norm, ins in inputs.items():
         conv = by_output.get(id(ins[0])) if len(ins) == 1 else None
         # Used once: by the BatchNorm call itself (counted as the call's argument).
-        if conv is not None and counter.uses.get(id(ins[0]), 0) <= 1 and _foldable(conv, bn):
-            pairs.append((conv, bn))
+        if conv is not None and counter.uses.get(id(ins[0]), 0) <= 1 and _foldable(conv, norm):
+            pairs.append((conv, norm))
     return pairs
 
 
@@ -145,7 +152,8 @@ def fold(model: nn.Module, pairs: list[tuple[nn.Module, nn.Module]]) -> int:
     for conv, bn in dict(pairs).items():
         if _shared(model, conv) or _shared(model, bn) or id(conv.weight) in tied:
             continue
-        assert isinstance(conv, _Conv) and isinstance(bn, _BatchNorm)
+        if not isinstance(conv, _Conv) or not isinstance(bn, _BatchNorm):
+            continue
         assert bn.running_mean is not None and bn.running_var is not None
         with torch.no_grad():
             weight, bias = fuse_conv_bn_weights(
@@ -161,6 +169,6 @@ def fold(model: nn.Module, pairs: list[tuple[nn.Module, nn.Module]]) -> int:
                 bn.weight.fill_(1.0)
                 bn.bias.zero_()
         bn.__class__ = _folded_class(type(bn))
-        bn._torchbridge_keeps_shift = keeps_shift
+        bn.__dict__["_torchbridge_keeps_shift"] = keeps_shift
         done += 1
     return done

@@ -58,7 +58,7 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
     install_forward(model, make)
 
 
-@torch._dynamo.disable  # type: ignore[misc]
+@torch._dynamo.disable  # type: ignore[misc,untyped-decorator,unused-ignore]
 def _cast_back(out: Any, dtype: torch.dtype, out_dtype: torch.dtype) -> Any:
     # Outside the compiled region: registering an output type is Python bookkeeping.
     return trees.map_tensors(lambda t: t.to(out_dtype) if t.dtype == dtype else t, out)

@@ -12,6 +12,9 @@ nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "venv"
 
 TORCH = ["torch==2.13.0", "numpy"]
+# Optional, for the tests of Hugging Face models (tests/test_hf_models.py skips without it)
+# and `torchbridge bench --suite hf`; never a dependency of the core.
+HF = "transformers>=4.50"
 # The meta-distribution with every extra, resolved against the local plugin folders.
 PACKAGES = ["./torchbridge-core", "./plugins/nvidia", "./plugins/amd", "./plugins/intel",
             "./plugins/tpu", ".[all]"]
@@ -26,7 +29,7 @@ def install_torchbridge(session: nox.Session, *extra: str) -> None:
 def tests(session: nox.Session) -> None:
     """Fresh venv, torch 2.13.0 CPU, the core and every plugin, the example plugin, pytest."""
     install_torchbridge(session, "./tests/example_plugin", "./tests/misbehaving_plugins",
-                         "./tests/misbehaving_twin", "pytest")
+                         "./tests/misbehaving_twin", "pytest", HF)
     session.run("pytest", *session.posargs)
 
 
@@ -37,7 +40,7 @@ def tests_xla(session: nox.Session) -> None:
     (PJRT_DEVICE=CPU). PyPI ships torch 2.9.1 only as its CUDA build: about 7 GB."""
     session.install("torch==2.9.1", "torch-xla==2.9.0", "numpy")
     session.install(*PACKAGES, "./tests/example_plugin", "./tests/misbehaving_plugins",
-                    "./tests/misbehaving_twin", "pytest")
+                    "./tests/misbehaving_twin", "pytest", HF)
     session.run("pytest", "tests", "--ignore=tests/xla", *session.posargs)
     session.run("pytest", "tests/xla", *session.posargs, env={"PJRT_DEVICE": "CPU"})
 
@@ -48,7 +51,7 @@ def tests_gpu(session: nox.Session) -> None:
     purpose so that pip picks the accelerator build for this machine."""
     session.install("torch", "numpy")
     session.install(*PACKAGES, "./tests/example_plugin", "./tests/misbehaving_plugins",
-                    "./tests/misbehaving_twin", "pytest")
+                    "./tests/misbehaving_twin", "pytest", HF)
     session.run("pytest", "-m", "cuda or rocm or xpu", *session.posargs)
 
 

@@ -109,7 +109,8 @@ def test_core_modules_form_no_import_cycle() -> None:
 
 
 LAYERS = [
-    {"torchbridge.errors", "torchbridge.types", "torchbridge.hookspecs", "torchbridge.trees"},
+    {"torchbridge.errors", "torchbridge.types", "torchbridge.hookspecs",
+     "torchbridge.trees"},
     {"torchbridge.levels", "torchbridge.devices"},
     {"torchbridge.plugins"},
     {"torchbridge.config", "torchbridge.selection", "torchbridge.kernels"},

@@ -88,7 +88,8 @@ __all__ = [
     "DeviceError", "DeviceInfo", "KernelCompilationError", "KernelError", "MemoryStats",
     "ModelOptimizationError", "OptimizationLevel", "OptimizationPass", "OptimizationResult",
     "OutOfMemoryError", "PassContext", "PluginError", "TorchBridgeConfig", "TorchBridgeError",
-    "check_compatibility", "detect_best_backend", "get_backend", "get_kernel", "hookimpl", "hookspec",
+    "check_compatibility", "detect_best_backend", "get_backend", "get_kernel", "hookimpl",
+    "hookspec",
     "list_backends", "load_checkpoint", "optimization_result", "register_plugin",
     "reload_plugins", "save_checkpoint", "unregister_plugin", "validate", "__version__",
 ]

@@ -82,7 +82,7 @@ def _target(name: str, compute_capability: tuple[int, int] | None
     if status.available and compute_capability is None:
         try:
             info = get_backend(status.name).get_device_info()
-            return status.name, f"{info.name}, present", info.compute_capability, \
+            return status.name, f"{info.name}, present", _capability(info.compute_capability), \
                 set(info.supported_dtypes)
         except TorchBridgeError as exc:
             logger.info("no description of %s: %s", status.name, exc)
@@ -90,6 +90,12 @@ def _target(name: str, compute_capability: tuple[int, int] | None
     cc = compute_capability
     described = f"compute capability {cc[0]}.{cc[1]}" if cc else "capability not given"
     return status.name, f"{where}, {described}", cc, None
+
+
+def _capability(text: str | None) -> tuple[int, int] | None:
+    """(major, minor) from a DeviceInfo's "8.9"; None for anything else (gfx942, ...)."""
+    major, _, minor = (text or "").partition(".")
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
 
 
 def _model_dtypes(model: nn.Module) -> set[torch.dtype]:
@@ -115,7 +121,7 @@ def _head_sizes(model: nn.Module) -> dict[str, int]:
 
 class _HostSync(TorchDispatchMode):  # type: ignore[misc,no-untyped-call,unused-ignore]
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call,unused-ignore]
         self.counts: dict[str, int] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
@@ -134,7 +140,7 @@ def _check_dtypes(report: CompatibilityReport, model: nn.Module, name: str,
     dtypes = _model_dtypes(model)
     if torch.float64 in dtypes:
         if supported is not None and "float64" not in supported:
-            report.issues.append(CompatibilityIssue("slow", "float64", f"the device "
+            report.issues.append(CompatibilityIssue("slow", "float64", "the device "
                                                     "reports no float64 support"))
         elif name in _NO_FLOAT64:
             report.issues.append(CompatibilityIssue("slow", "float64", _NO_FLOAT64[name]))
@@ -254,7 +260,7 @@ class HardwareDetector:
         backend = get_backend()
         info = backend.get_device_info()
         return HardwareProfile(backend.name, info.name, backend.device_count,
-                               info.memory_total_gb, info.compute_capability)
+                               info.memory_total_gb, _capability(info.compute_capability))
 
     def get_optimal_backend(self) -> str:
         return detect_best_backend()

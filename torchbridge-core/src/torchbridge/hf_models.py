@@ -2,7 +2,7 @@
 downloads), for `torchbridge bench --suite hf` and the tests. transformers is optional:
 it is imported only when a model is built.
 
-Sizes: `scale=1.0` is the benchmark's (small but real: hidden 256-512, a few layers);
+Sizes: `scale=1.0` is the benchmark's (small: hidden 256, 2 layers, sequence 128);
 the tests use a smaller scale.
 """
 
@@ -59,7 +59,7 @@ def hf_reference_models(scale: float = 1.0) -> list[HFReference]:
 
     vocab = max(256, int(8192 * scale))
     seq = max(16, int(SEQ * scale))
-    dim, layers = _dims(scale, 512, 4)
+    dim, layers = _dims(scale, 256, 2)
     image = 64 if scale >= 1 else 32
 
     def seeded(make: Callable[[], Any]) -> Callable[[], nn.Module]:
@@ -89,15 +89,15 @@ def hf_reference_models(scale: float = 1.0) -> list[HFReference]:
 
     def vit() -> Any:
         return tf.ViTForImageClassification(tf.ViTConfig(
-            image_size=image, patch_size=8, hidden_size=dim // 2 if scale >= 1 else dim,
+            image_size=image, patch_size=8, hidden_size=dim,
             num_hidden_layers=layers, num_attention_heads=max(1, dim // 128),
             intermediate_size=2 * dim, num_labels=10))
 
     def resnet() -> Any:
         widths = [max(8, int(w * scale)) for w in (32, 64, 128, 256)]
         return tf.ResNetForImageClassification(tf.ResNetConfig(
-            embedding_size=widths[0], hidden_sizes=widths, depths=[1, 1, 1, 1] if scale < 1
-            else [2, 2, 2, 2], layer_type="basic", num_labels=10))
+            embedding_size=widths[0], hidden_sizes=widths, depths=[1, 1, 1, 1],
+            layer_type="basic", num_labels=10))
 
     return [
         HFReference("llama", seeded(llama), _tokens(vocab, seq), is_decoder=True),

@@ -183,7 +183,7 @@ def core_passes() -> list[OptimizationPass]:
                          o2, use_composite_path, composite_check, mode="inference",
                          order=40),
         OptimizationPass("autocast", "computes in the device's low-precision dtype inside "
-                         "the compiled region; outputs cast back to the input dtype",
+                         "the compiled region; outputs cast back to the model's dtype",
                          o2, _autocast, _autocast_check, order=60, mutates=False),
         OptimizationPass("low_precision_weights", "Linear, Conv and attention weights "
                          "stored in the autocast dtype, not cast on every call", o3,

@@ -316,3 +316,27 @@ def test_reference_models_keep_callers_model_rng_and_output_type(level: str) -> 
         out = prepared(x)
         assert type(out) is type(expected) and out.dtype == expected.dtype
         assert type(prepared) is type(model)
+
+
+def test_compiled_path_serves_calls_shaped_like_the_first() -> None:
+    """generate() calls forward with a KV cache and growing shapes: those calls run the
+    uncompiled forward; calls like the sample input's stay compiled."""
+
+    class Scaled(nn.Module):
+        def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+            return x * 2 if scale is None else x * scale
+
+    compiled_calls: list[int] = []
+
+    def fake_compile(fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            compiled_calls.append(1)
+            return fn(*args, **kwargs)
+        return run
+
+    model = Scaled()
+    compiled_forward(model, fake_compile)
+    x = torch.ones(2)
+    assert torch.equal(model(x), x * 2) and len(compiled_calls) == 1
+    assert torch.equal(model(x, scale=torch.tensor(3.0)), x * 3) and len(compiled_calls) == 1
+    assert torch.equal(model(x, scale=None), x * 2) and len(compiled_calls) == 2

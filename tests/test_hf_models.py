@@ -129,3 +129,16 @@ def test_compiled_hf_model_keeps_its_output_type_config_and_generate() -> None:
     tokens = prepared.generate(sample["input_ids"][:1, :8], max_new_tokens=3, do_sample=False,
                                pad_token_id=0)
     assert tokens.shape == (1, 11)
+
+
+def test_gpt2_conv1d_weights_are_stored_in_bf16_at_o3() -> None:
+    ref = MODELS["gpt2"]
+    model, sample = ref.build(), ref.make_input(2)
+    backend = torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(
+        precision="bfloat16", optimization={"disabled_passes": ["compile"]}))
+    result = backend.optimize(model, "O3", sample_input=sample)
+    assert [p.status for p in result.passes if p.name == "low_precision_weights"] == ["applied"]
+    conv1d = [m for m in result.model.modules() if type(m).__name__ == "Conv1D"]
+    assert conv1d and all(m.weight.dtype == torch.bfloat16 for m in conv1d)
+    assert result.model.lm_head.weight is result.model.transformer.wte.weight  # still tied
+    assert call(result.model, sample).logits.dtype == torch.float32

@@ -111,10 +111,19 @@ def _autocast(model: nn.Module, ctx: PassContext) -> nn.Module:
 _LOW_PRECISION_WEIGHT_MODULES = (nn.Linear, nn.modules.conv._ConvNd, nn.MultiheadAttention)
 
 
+def _matmul_module(module: nn.Module) -> bool:
+    """A module whose weights only feed matmuls autocast runs in low precision. Hugging
+    Face's Conv1D (GPT-2's projections: torch.addmm with a transposed weight) is one, though
+    not an nn.Linear: left float32, its weights were cast on every decoding step."""
+    cls = type(module)
+    return isinstance(module, _LOW_PRECISION_WEIGHT_MODULES) or (
+        cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers."))
+
+
 def _weights_check(model: nn.Module, ctx: PassContext) -> str | None:
     if "autocast_dtype" not in ctx.state:
         return "autocast did not run"
-    if not any(isinstance(m, _LOW_PRECISION_WEIGHT_MODULES) for m in model.modules()):
+    if not any(_matmul_module(m) for m in model.modules()):
         return "no Linear, Conv or MultiheadAttention in the model"
     return None
 
@@ -131,12 +140,12 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
             owners.setdefault(id(param), []).append(module)
     cast, kept = 0, 0
     for module in model.modules():
-        if not isinstance(module, _LOW_PRECISION_WEIGHT_MODULES):
+        if not _matmul_module(module):
             continue
         for param in module.parameters(recurse=False):
             if not param.is_floating_point() or param.dtype == dtype:
                 continue
-            if not all(isinstance(m, _LOW_PRECISION_WEIGHT_MODULES) for m in owners[id(param)]):
+            if not all(_matmul_module(m) for m in owners[id(param)]):
                 kept += 1
                 continue
             param.data = param.data.to(dtype)  # the same Parameter: ties stay ties

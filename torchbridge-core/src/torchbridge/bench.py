@@ -217,19 +217,23 @@ def matmul_profile(model: torch.nn.Module, x: Any, calls: int = 3) -> dict[str, 
 def generate_speed(backend: Any, name: str, model: torch.nn.Module, ids: torch.Tensor,
                    new_tokens: int = 32) -> dict[str, Any]:
     """Greedy generate() tokens per second: eager fp32 against prepare_model at O3 (with
-    the prompt as sample input), median of 3 after one warm-up; and whether the tokens
-    are the same."""
+    the prompt as sample input), medians of 5 sampled alternately after one warm-up; and
+    whether the tokens are the same."""
     prepared = backend.prepare_model(model, "O3", sample_input={"input_ids": ids})
     out: dict[str, Any] = {"model": name, "prompt": list(ids.shape), "new_tokens": new_tokens}
     tokens = {}
+    calls = []
     for label, m in (("eager", model), ("O3", prepared)):
         def gen(m: Any = m) -> Any:
             return m.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                               do_sample=False, pad_token_id=0)
         with torch.inference_mode():
             tokens[label] = gen()
-        seconds = median_latency(gen, backend.synchronize, warmup=1, repeats=3)
-        out[f"{label}_tokens_per_s"] = ids.shape[0] * new_tokens / seconds
+        calls.append(gen)
+    # Sampled alternately, so that a busy spell of the machine slows both alike.
+    seconds = interleaved_latency(calls, backend.synchronize, warmup=1, repeats=5)
+    for label, sec in zip(("eager", "O3"), seconds, strict=True):
+        out[f"{label}_tokens_per_s"] = ids.shape[0] * new_tokens / sec
     out["speedup"] = out["O3_tokens_per_s"] / out["eager_tokens_per_s"]
     out["same_tokens"] = bool(torch.equal(tokens["eager"], tokens["O3"]))
     return out

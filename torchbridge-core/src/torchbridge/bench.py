@@ -222,7 +222,7 @@ def generate_speed(backend: Any, name: str, model: torch.nn.Module, ids: torch.T
     prepared = backend.prepare_model(model, "O3", sample_input={"input_ids": ids})
     out: dict[str, Any] = {"model": name, "prompt": list(ids.shape), "new_tokens": new_tokens}
     tokens = {}
-    calls = []
+    calls: list[Callable[[], Any]] = []
     for label, m in (("eager", model), ("O3", prepared)):
         def gen(m: Any = m) -> Any:
             return m.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,

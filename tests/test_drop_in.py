@@ -340,3 +340,22 @@ def test_compiled_path_serves_calls_shaped_like_the_first() -> None:
     assert torch.equal(model(x), x * 2) and len(compiled_calls) == 1
     assert torch.equal(model(x, scale=torch.tensor(3.0)), x * 3) and len(compiled_calls) == 1
     assert torch.equal(model(x, scale=None), x * 2) and len(compiled_calls) == 2
+
+
+def test_a_deep_copy_of_a_prepared_model_runs_its_own_weights() -> None:
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4)).eval()
+    x = torch.randn(2, 8)
+    config = torchbridge.TorchBridgeConfig(precision="bfloat16",
+                                           optimization={"disabled_passes": ["compile"]})
+    prepared = cpu(config).prepare_model(model, "O2", sample_input=x)
+    before = prepared(x)
+    twin = copy.deepcopy(prepared)
+    with torch.no_grad():
+        twin[2].bias.add_(10.0)
+    assert torch.equal(prepared(x), before)  # the original is not the copy's forward
+    out = twin(x)
+    assert out.dtype == torch.float32 and (out - before).min() > 9  # the copy's weights
+    assert type(twin) is nn.Sequential and list(twin.state_dict()) == list(model.state_dict())

@@ -13,6 +13,7 @@ models sharing one forward function would run uncompiled from the ninth on.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import types
@@ -36,11 +37,33 @@ def _own_code(fn: Callable[..., Any], like: Callable[..., Any]) -> Callable[...,
     return fresh
 
 
-def install_forward(model: nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]]
-                    ) -> None:
-    """model.forward = make(current forward), with its own code object."""
+_RECIPE = "_torchbridge_forward_recipe"
+
+
+def install_forward(model: nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]],
+                    redo: Callable[[nn.Module], Any] | None = None) -> None:
+    """model.forward = make(current forward), with its own code object. `redo(copy)`
+    installs the same on a deep copy: a forward held on the instance would otherwise be
+    copied as it is and run the original model's weights."""
     inner = model.forward
     model.forward = _own_code(make(inner), inner)  # type: ignore[method-assign]
+    model.__dict__[_RECIPE] = [*model.__dict__.get(_RECIPE, []), redo]  # a new list:
+    # a snapshot taken before this pass holds the old one
+    # copy.deepcopy looks __deepcopy__ up on the instance: the copy gets its own forward.
+    model.__dict__["__deepcopy__"] = types.MethodType(_deepcopy_prepared, model)
+
+
+def _deepcopy_prepared(model: nn.Module, memo: dict[int, Any]) -> nn.Module:
+    state = {k: v for k, v in model.__dict__.items()
+             if k not in ("forward", "__deepcopy__", _RECIPE)}
+    recipe = model.__dict__.get(_RECIPE, [])
+    copied = model.__class__.__new__(model.__class__)
+    memo[id(model)] = copied
+    copied.__dict__.update(copy.deepcopy(state, memo))
+    for redo in recipe:
+        if redo is not None:
+            redo(copied)
+    return copied
 
 
 def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
@@ -55,7 +78,8 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
             return _cast_back(out, dtype, out_dtype)
         return forward
 
-    install_forward(model, make)
+    install_forward(model, make, lambda twin: autocast_forward(twin, device_type, dtype,
+                                                               out_dtype))
 
 
 @torch._dynamo.disable  # type: ignore[misc,untyped-decorator,unused-ignore]
@@ -116,7 +140,7 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
                 return out
         return forward
 
-    install_forward(model, make)
+    install_forward(model, make, lambda twin: compiled_forward(twin, compile))
     return state
 
 

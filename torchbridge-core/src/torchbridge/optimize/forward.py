@@ -113,8 +113,8 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
     prepare_model had one): the same positional count and keywords. Other calls run the
     uncompiled forward. HF `generate()` calls forward with a KV cache, cache positions and
     a shape that grows every step: compiled, each step recompiled or failed guards
-    (measured: 0.07x eager tokens per second); uncompiled, decoding runs at eager speed
-    while the full-sequence calls that were prepared for stay compiled."""
+    (measured: 0.07x eager tokens per second); uncompiled, decoding runs as the prepared
+    but uncompiled model does, while the calls it was prepared for stay compiled."""
     state = CompileState()
 
     def make(inner: Callable[..., Any]) -> Callable[..., Any]:

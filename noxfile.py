@@ -14,8 +14,11 @@ nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "venv"
 
 TORCH = ["torch==2.13.0", "numpy"]
-# Optional integrations the tests exercise (never dependencies of the core).
-TEST_EXTRAS = ["lightning>=2.4,<3", "hypothesis>=6.100"]
+# Optional integrations the tests exercise (never dependencies of the core): Lightning,
+# hypothesis, and transformers (tests/test_hf_models.py skips without it; also for
+# `torchbridge bench --suite hf`).
+HF = "transformers>=4.50"
+TEST_EXTRAS = ["lightning>=2.4,<3", "hypothesis>=6.100", HF]
 # The meta-distribution with every extra, resolved against the local plugin folders.
 PACKAGES = ["./torchbridge-core", "./plugins/nvidia", "./plugins/amd", "./plugins/intel",
             "./plugins/tpu", ".[all]"]

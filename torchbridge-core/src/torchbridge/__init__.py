@@ -36,6 +36,11 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from torchbridge.backend import Backend, get_backend, get_kernel
     from torchbridge.checkpoint import load_checkpoint, save_checkpoint
+    from torchbridge.compatibility import (
+        HardwareDetector,
+        UnifiedValidator,
+        check_compatibility,
+    )
     from torchbridge.config import ConfigSection, TorchBridgeConfig
     from torchbridge.kernels.implementations import KernelImplementation
     from torchbridge.kernels.ops import OpDefinition
@@ -68,6 +73,9 @@ _LAZY = {
     "KernelImplementation": "torchbridge.kernels.implementations",
     "OpDefinition": "torchbridge.kernels.ops",
     "ModulePattern": "torchbridge.optimize.kernel_patterns",
+    "check_compatibility": "torchbridge.compatibility",
+    "HardwareDetector": "torchbridge.compatibility",
+    "UnifiedValidator": "torchbridge.compatibility",
 }
 
 
@@ -84,12 +92,13 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Backend", "BackendStatus", "BackendUnavailableError", "CheckpointError",
-    "ConfigSection", "ConfigurationError", "Detection",
+    "ConfigSection", "ConfigurationError", "Detection", "HardwareDetector", "UnifiedValidator",
     "DeviceError", "DeviceInfo", "DistributedError", "KernelCompilationError", "KernelError",
     "KernelImplementation", "KernelLaunchError", "ModulePattern", "OpDefinition", "MemoryStats",
     "ModelOptimizationError", "OptimizationLevel", "OptimizationPass", "OptimizationResult",
     "OutOfMemoryError", "PassContext", "PluginError", "TorchBridgeConfig", "TorchBridgeError",
-    "detect_best_backend", "get_backend", "get_kernel", "hookimpl", "hookspec",
+    "check_compatibility", "detect_best_backend", "get_backend", "get_kernel", "hookimpl",
+    "hookspec",
     "list_backends", "load_checkpoint", "optimization_result", "register_plugin",
     "reload_plugins", "save_checkpoint", "unregister_plugin", "validate", "__version__",
 ]

@@ -43,16 +43,11 @@ _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module inside prepare_model's wrappers (torch.compile, autocast), so a
     prepared model saves under the same keys as the original."""
-    from torchbridge.optimize.core_passes import AutocastModule
-
-    while True:
+    while True:  # the core's passes change forward in place; plugins may wrap
         inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
-        if isinstance(inner, nn.Module):
-            model = inner
-        elif isinstance(model, AutocastModule):
-            model = model.module
-        else:
+        if not isinstance(inner, nn.Module):
             return model
+        model = inner
 
 
 def _host_copy(state: Any) -> Any:

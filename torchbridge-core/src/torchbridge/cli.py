@@ -134,7 +134,7 @@ def _bench(args: argparse.Namespace) -> int:
             sys.stderr.write("\n")
         sys.stderr.flush()
 
-    report = bench.run(models=args.models, progress=progress)
+    report = bench.run(models=args.models, progress=progress, suite=args.suite)
     # The results first: a plot that fails must not cost the run.
     print(json.dumps(report, indent=2) if args.json else bench.render(report))
     if args.plot:
@@ -320,7 +320,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", parents=[common],
                            help="prepare_model benchmark on the reference models")
     bench.add_argument("--models", nargs="+", choices=["mlp", "convnet", "encoder",
-                                                      "decoder_lm"])
+                                                      "decoder_lm", "llama", "gpt2", "bert",
+                                                      "vit", "resnet"])
+    bench.add_argument("--suite", choices=["reference", "hf"], default="reference",
+                       help="hf: Hugging Face architectures from their configs (needs "
+                       "transformers)")
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--plot", metavar="PATH", help="write a chart (needs matplotlib; "
                        "the format follows the extension, PNG without one)")

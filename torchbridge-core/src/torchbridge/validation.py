@@ -14,7 +14,12 @@ from torch import nn
 
 from torchbridge.backend import get_backend
 from torchbridge.levels import LEVEL_TOLERANCE, OptimizationLevel
-from torchbridge.optimize.measure import call_args, flatten_tensors, tensor_drift
+from torchbridge.optimize.measure import (
+    flatten_tensors,
+    preserved_state,
+    sample_call,
+    tensor_drift,
+)
 from torchbridge.selection import list_backends
 
 logger = logging.getLogger(__name__)
@@ -78,10 +83,8 @@ class ValidationReport:
 def _run(backend: Any, model: nn.Module, sample_input: Any, level: OptimizationLevel
          ) -> list[torch.Tensor]:
     prepared = backend.prepare_model(model, level)  # a copy: `model` stays on the CPU
-    args = call_args(backend, sample_input)
-    with torch.no_grad():
-        torch.manual_seed(0)
-        out = prepared(*args)
+    with preserved_state(prepared):
+        out = sample_call(backend, sample_input)(prepared)
     return [t.detach().float().cpu() for t in flatten_tensors(out)]
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torchbridge.levels import OptimizationLevel
-from torchbridge.optimize.measure import call_args
+from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 
 if TYPE_CHECKING:
@@ -45,12 +45,12 @@ def _graph_check(model: nn.Module, ctx: PassContext) -> nn.Module:
     import torch_xla
     import torch_xla.debug.metrics as met
 
-    args = call_args(ctx.backend, ctx.sample_input)
-    with torch.no_grad():
-        model(*args)
+    call = sample_call(ctx.backend, ctx.sample_input)  # a tensor, a tuple or keyword args
+    with preserved_state(model):
+        call(model)
         torch_xla.sync()
         met.clear_all()
-        model(*args)
+        call(model)
         torch_xla.sync()
     compiles = met.counter_value("UncachedCompile") or 0
     fallbacks = {name: met.counter_value(name) for name in met.counter_names()

@@ -3,10 +3,12 @@
 | pass | level | when |
 | --- | --- | --- |
 | device_placement | O0 | always |
-| conv_bn_folding | O1 | eval mode, a Conv followed by BatchNorm, the model traces with torch.fx |
+| conv_bn_folding | O1 | eval mode, a BatchNorm fed only by a conv (nn.Sequential order or |
+|  |  | one traced call on the sample input; no torch.fx) |
 | channels_last | O1 | the model has Conv2d and the device runs NHWC convolutions natively |
 | transformer_composite | O2 | eval mode, nn.TransformerEncoderLayer: off the fused fast path |
-| autocast | O2 | the device has a native low-precision dtype (or config.precision names one) |
+| autocast | O2 | the device has a native low-precision dtype (or config.precision names one), |
+|  |  | the model is not float64 |
 | low_precision_weights | O3 | eval mode, after autocast: Linear/Conv/MHA weights in its dtype |
 | compile | O2 | torch.compile with inductor; options through ctx.state["compile_options"], |
 |  |  | skipped when an earlier pass set ctx.state["skip_compile"] to its reason |
@@ -14,14 +16,16 @@
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
 from torch import nn
 
 from torchbridge.levels import OptimizationLevel
-from torchbridge.optimize.passes import OptimizationPass, PassContext
+from torchbridge.optimize import folding
+from torchbridge.optimize.forward import autocast_forward, compiled_forward
+from torchbridge.optimize.measure import preserved_state, sample_call
+from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
 
 # Devices whose convolution libraries (oneDNN, cuDNN, MIOpen) have native NHWC kernels.
 CHANNELS_LAST_DEVICES = {"cpu", "cuda", "xpu"}
@@ -42,13 +46,21 @@ def _conv_bn_check(model: nn.Module, ctx: PassContext) -> str | None:
 
 
 def _fold_conv_bn(model: nn.Module, ctx: PassContext) -> nn.Module:
-    from torch.fx.experimental.optimization import fuse
-
-    folded = fuse(model)  # traces with torch.fx; raises on untraceable models (rolled back)
-    if _has_conv_bn(folded):
-        ctx.notes.append("conv_bn_folding: some BatchNorm layers do not follow a conv and "
-                         "were kept")
-    return folded
+    pairs = folding.sequential_pairs(model)
+    how = "nn.Sequential order"
+    if ctx.sample_input is not None:
+        call = sample_call(ctx.backend, ctx.sample_input)
+        with preserved_state(model):
+            model.eval()
+            pairs += folding.traced_pairs(model, call)
+        how = "one traced call on the sample input"
+    done = folding.fold(model, pairs)
+    if not done:
+        raise PassSkipped("found no BatchNorm fed only by the convolution before it (by "
+                           f"{how}; without a sample input only nn.Sequential pairs are "
+                           "found)")
+    ctx.notes.append(f"conv_bn_folding: folded {done} BatchNorm(s), found by {how}")
+    return model
 
 
 def _channels_last_check(model: nn.Module, ctx: PassContext) -> str | None:
@@ -64,46 +76,19 @@ def _channels_last(model: nn.Module, ctx: PassContext) -> nn.Module:
     return converted
 
 
-class AutocastModule(nn.Module):
-    """Runs the wrapped module under torch.autocast and returns floating outputs in the
-    dtype of the first floating input (float32 in, float32 out), so callers' losses and
-    comparisons see the dtype they passed in."""
-
-    def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.module = module
-        self.device_type = device_type
-        self.dtype = dtype
-        # torch.compile keeps its graphs per code object and falls back to eager after
-        # `recompile_limit` (8) variants. Every prepared model shares this class's forward,
-        # so the ninth compiled model in a process would silently run uncompiled (seen in
-        # the benchmark). A copy of the code object per instance gives each its own cache.
-        forward = AutocastModule._forward
-        self.forward = types.MethodType(types.FunctionType(
-            forward.__code__.replace(), forward.__globals__, forward.__name__,
-            forward.__defaults__, forward.__closure__), self)
-
-    def _forward(self, *args: Any, **kwargs: Any) -> Any:
-        in_dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)
-                         and a.is_floating_point()), torch.float32)
-        with torch.autocast(device_type=self.device_type, dtype=self.dtype):
-            out = self.module(*args, **kwargs)
-        return _cast_floating(out, in_dtype)
+def _float_dtypes(model: nn.Module) -> set[torch.dtype]:
+    return {t.dtype for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()}
 
 
-def _cast_floating(obj: Any, dtype: torch.dtype) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() and obj.dtype != dtype else obj
-    if isinstance(obj, tuple):
-        return tuple(_cast_floating(o, dtype) for o in obj)
-    if isinstance(obj, list):
-        return [_cast_floating(o, dtype) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _cast_floating(v, dtype) for k, v in obj.items()}
-    return obj
+def _model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype the model computes in: its floating parameters' (float32 if none)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 def _autocast_check(model: nn.Module, ctx: PassContext) -> str | None:
+    if torch.float64 in _float_dtypes(model):
+        return "the model holds float64 weights or buffers: computing it in a 16-bit dtype " \
+               "would throw away the precision it was built for (float64 kept)"
     if ctx.backend.low_precision_dtype(ctx.device_info) is None:
         return (f"{ctx.device_info.name} has no native low-precision dtype "
                 f"(and config.precision is {ctx.config.precision})")
@@ -118,17 +103,27 @@ def _autocast(model: nn.Module, ctx: PassContext) -> nn.Module:
         # fp16's narrow range underflows small gradients; bf16 has float32's range.
         ctx.notes.append("autocast: training in float16 needs loss scaling; use "
                          f"torch.amp.GradScaler({ctx.backend.device.type!r})")
-    return AutocastModule(model, ctx.backend.device.type, dtype)
+    autocast_forward(model, ctx.backend.device.type, dtype, _model_dtype(model))
+    return model
 
 
 # Weights autocast would cast on every call; stored in the low-precision dtype instead.
 _LOW_PRECISION_WEIGHT_MODULES = (nn.Linear, nn.modules.conv._ConvNd, nn.MultiheadAttention)
 
 
+def _matmul_module(module: nn.Module) -> bool:
+    """A module whose weights only feed matmuls autocast runs in low precision. Hugging
+    Face's Conv1D (GPT-2's projections: torch.addmm with a transposed weight) is one, though
+    not an nn.Linear: left float32, its weights were cast on every decoding step."""
+    cls = type(module)
+    return isinstance(module, _LOW_PRECISION_WEIGHT_MODULES) or (
+        cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers."))
+
+
 def _weights_check(model: nn.Module, ctx: PassContext) -> str | None:
     if "autocast_dtype" not in ctx.state:
         return "autocast did not run"
-    if not any(isinstance(m, _LOW_PRECISION_WEIGHT_MODULES) for m in model.modules()):
+    if not any(_matmul_module(m) for m in model.modules()):
         return "no Linear, Conv or MultiheadAttention in the model"
     return None
 
@@ -136,13 +131,30 @@ def _weights_check(model: nn.Module, ctx: PassContext) -> str | None:
 def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
     # Norms, embeddings and buffers stay float32: autocast runs norms in float32 anyway,
     # and an embedding's output would otherwise change dtype outside autocast's control.
+    # A weight tied to one of those (an LM head sharing the embedding) stays float32 too:
+    # casting a copy would untie it (50% more parameters, both in checkpoints).
     dtype = ctx.state["autocast_dtype"]
+    owners: dict[int, list[nn.Module]] = {}
     for module in model.modules():
-        if isinstance(module, _LOW_PRECISION_WEIGHT_MODULES):
-            for name, param in module.named_parameters(recurse=False):
-                if param.is_floating_point():
-                    setattr(module, name, nn.Parameter(param.detach().to(dtype),
-                                                       requires_grad=False))
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), []).append(module)
+    cast, kept = 0, 0
+    for module in model.modules():
+        if not _matmul_module(module):
+            continue
+        for param in module.parameters(recurse=False):
+            if not param.is_floating_point() or param.dtype == dtype:
+                continue
+            if not all(_matmul_module(m) for m in owners[id(param)]):
+                kept += 1
+                continue
+            param.data = param.data.to(dtype)  # the same Parameter: ties stay ties
+            cast += 1
+    if kept:
+        ctx.notes.append(f"low_precision_weights: {kept} weight(s) shared with an embedding "
+                         "or norm kept in their dtype, so that they stay tied")
+    if not cast:
+        raise PassSkipped("every eligible weight is shared with an embedding or norm")
     return model
 
 
@@ -155,10 +167,12 @@ def _compile_check(model: nn.Module, ctx: PassContext) -> str | None:
 def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
     options: dict[str, Any] = ctx.state.get("compile_options", {})
     backend: str = ctx.state.get("compile_backend", "inductor")
-    compiled = torch.compile(model, backend=backend, options=options or None)
-    ctx.notes.append(f"compile: torch.compile(backend={backend!r}, options={options}); "
-                     "the first call compiles")
-    return compiled  # type: ignore[return-value]
+    compiled_forward(model, lambda fn: torch.compile(fn, backend=backend,
+                                                     options=options or None))
+    when = "compiled on the sample input inside prepare_model" if ctx.sample_input is not None \
+        else "the first call compiles; if that fails the model runs uncompiled, with a warning"
+    ctx.notes.append(f"compile: torch.compile(backend={backend!r}, options={options}); {when}")
+    return model
 
 
 def core_passes() -> list[OptimizationPass]:
@@ -170,8 +184,7 @@ def core_passes() -> list[OptimizationPass]:
         OptimizationPass("device_placement", "moved parameters and buffers to the device",
                          o0, _place, order=0),
         OptimizationPass("conv_bn_folding", "folded BatchNorm into the preceding convolution",
-                         o1, _fold_conv_bn, _conv_bn_check, mode="inference", order=10,
-                         mutates=False),
+                         o1, _fold_conv_bn, _conv_bn_check, mode="inference", order=10),
         OptimizationPass("channels_last", "converted conv weights to channels_last (NHWC)",
                          o1, _channels_last, _channels_last_check, order=20),
         OptimizationPass("transformer_composite", "TransformerEncoderLayers run ordinary "
@@ -179,7 +192,7 @@ def core_passes() -> list[OptimizationPass]:
                          o2, use_composite_path, composite_check, mode="inference",
                          order=40),
         OptimizationPass("autocast", "computes in the device's low-precision dtype inside "
-                         "the compiled region; outputs cast back to the input dtype",
+                         "the compiled region; outputs cast back to the model's dtype",
                          o2, _autocast, _autocast_check, order=60, mutates=False),
         OptimizationPass("low_precision_weights", "Linear, Conv and attention weights "
                          "stored in the autocast dtype, not cast on every call", o3,

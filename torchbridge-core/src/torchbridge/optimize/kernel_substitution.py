@@ -360,7 +360,7 @@ def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext
     """The matched modules' inputs from one run of the sample input, in eval mode (no
     running statistic moves), RNG forked; the model's modes are restored after. When the
     run fails, nothing is captured (synthetic inputs then)."""
-    from torchbridge.optimize.measure import call_args
+    from torchbridge.optimize.measure import sample_call
 
     captured = _Captured()
 
@@ -386,7 +386,7 @@ def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext
     try:
         model.eval()
         with torch.no_grad():
-            gate.run(model, *call_args(ctx.backend, ctx.sample_input))
+            gate.run(sample_call(ctx.backend, ctx.sample_input), model)
     except Exception as exc:
         ctx.notes.append(f"kernel_substitution: the sample input did not run ({exc}); "
                          "checked on synthetic inputs")

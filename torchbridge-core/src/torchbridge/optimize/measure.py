@@ -2,55 +2,112 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from torchbridge import trees
+from torchbridge.errors import ModelOptimizationError
+
 
 def flatten_tensors(obj: Any) -> list[torch.Tensor]:
-    """The tensors in a model output (tensor, tuple/list/dict nesting, or an object with
-    tensor attributes such as a HF ModelOutput's dict form)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in flatten_tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in flatten_tensors(v)]
-    return []
+    """The tensors in a model output, whatever holds them (torchbridge.trees)."""
+    return trees.tensors(obj)
+
+
+def split_sample(sample_input: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A sample input as (positional, keyword) call arguments: a tuple is the positional
+    arguments, a dict (not a dict subclass such as a ModelOutput) the keyword arguments
+    (HF style: input_ids=..., attention_mask=...), anything else the one argument."""
+    if type(sample_input) is dict:
+        if not all(isinstance(k, str) for k in sample_input):
+            raise ModelOptimizationError("a dict sample_input holds keyword arguments: its "
+                                         f"keys must be strings, got {list(sample_input)!r}")
+        return (), dict(sample_input)
+    if type(sample_input) is tuple:
+        return sample_input, {}
+    return (sample_input,), {}
 
 
 def call_args(backend: Any, sample_input: Any) -> tuple[Any, ...]:
-    """A sample input as positional call arguments (a tuple means several) on the
-    backend's device."""
-    args = sample_input if isinstance(sample_input, tuple) else (sample_input,)
+    """A sample input as positional call arguments on the backend's device. Kept for
+    passes written before keyword sample inputs; new code uses sample_call."""
+    args, kwargs = split_sample(sample_input)
+    if kwargs:
+        raise ModelOptimizationError("this pass calls the model with positional arguments "
+                                     "only; the sample input is keyword arguments")
     moved: tuple[Any, ...] = backend.to_device(args)
     return moved
 
 
+def sample_call(backend: Any, sample_input: Any) -> Callable[[Any], Any]:
+    """`call(model)`: the model called on the sample input, moved to the backend's device
+    once."""
+    args, kwargs = backend.to_device(split_sample(sample_input))
+    return lambda model: model(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def preserved_state(model: Any) -> Iterator[None]:
+    """Runs inside leave no trace on the model or the process: the global RNG is forked
+    (reseeded to 0 inside, so that reference and candidate draw the same dropout masks),
+    every buffer (BatchNorm running statistics, step counters, caches) is restored
+    afterwards, and each module's training flag too. Gradients are off."""
+    modules = list(model.modules())
+    training = [m.training for m in modules]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    devices = sorted({str(b.device) for b, _ in buffers if b.device.type == "cuda"})
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(0)
+            yield
+    finally:
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                if buffer.shape == saved.shape and buffer.dtype == saved.dtype:
+                    buffer.copy_(saved)
+        for module, flag in zip(modules, training, strict=True):
+            module.training = flag
+
+
 def tensor_drift(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[float, float]:
-    """(max abs diff, max abs diff / max |reference|) of two same-shape tensors, in float32
-    on the CPU."""
+    """(max abs diff, max abs diff / max finite |reference|) of two same-shape tensors, in
+    float32 on the CPU. Equal values (infinities, NaN in both) count as no difference; a
+    NaN or infinity in only one of them as an infinite one."""
     if not reference.numel():
         return 0.0, 0.0
     ref32 = reference.detach().float().cpu()
-    diff = (ref32 - candidate.detach().float().cpu()).abs().max().item()
-    scale = ref32.abs().max().item()
+    cand32 = candidate.detach().float().cpu()
+    same = (ref32 == cand32) | (ref32.isnan() & cand32.isnan())
+    delta = torch.where(same, torch.zeros_like(ref32), (ref32 - cand32).abs())
+    diff = delta.nan_to_num(nan=float("inf")).max().item()
+    finite = ref32[ref32.isfinite()]
+    scale = finite.abs().max().item() if finite.numel() else 0.0
     return diff, diff / scale if scale > 0 else diff
 
 
 def output_drift(reference: Any, candidate: Any) -> tuple[float, float]:
-    """(max abs diff, max abs diff / max |reference|) over all output tensors, in float32."""
-    refs, cands = flatten_tensors(reference), flatten_tensors(candidate)
-    if len(refs) != len(cands):
-        raise ValueError(f"outputs differ in structure: {len(refs)} vs {len(cands)} tensors")
+    """(max abs diff, max abs diff / max |reference|) over every tensor and number in the
+    outputs (dataclass fields and Python floats included), in float32. Raises ValueError
+    naming the difference when the outputs differ in structure."""
+    problem = trees.structure_difference(reference, candidate)
+    if problem is not None:
+        raise ValueError(problem)
     max_abs, max_rel = 0.0, 0.0
-    for ref, cand in zip(refs, cands, strict=True):
-        if ref.shape != cand.shape:
-            raise ValueError(f"output shapes differ: {tuple(ref.shape)} vs {tuple(cand.shape)}")
-        diff, rel = tensor_drift(ref, cand)
+    for ref, cand in zip(trees.leaves(reference), trees.leaves(candidate), strict=True):
+        if isinstance(ref, torch.Tensor):
+            diff, rel = tensor_drift(ref, cand)
+        elif isinstance(ref, (int, float, complex)) and not isinstance(ref, bool):
+            diff = abs(ref - cand)
+            rel = diff / abs(ref) if ref else diff
+        else:
+            continue  # strings, None, cache objects: their type was checked above
+        if diff != diff:  # NaN where the reference has none
+            diff = rel = float("inf")
         max_abs, max_rel = max(max_abs, diff), max(max_rel, rel)
     return max_abs, max_rel
 

@@ -31,6 +31,12 @@ class PassContext:
     notes: list[str] = field(default_factory=list)
 
 
+class PassSkipped(Exception):
+    """Raised by a pass's `apply` when it found, on looking closer than `check` can, that
+    it has nothing to do: the model is restored and the pass reported skipped, with the
+    message as the reason."""
+
+
 def _always(model: nn.Module, ctx: PassContext) -> str | None:
     return None
 

@@ -5,17 +5,24 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
 from torchbridge.errors import ConfigurationError, ModelOptimizationError, TorchBridgeError
-from torchbridge.levels import OptimizationLevel
-from torchbridge.optimize.measure import call_args, compare_latency, output_drift
-from torchbridge.optimize.passes import OptimizationPass, PassContext
+from torchbridge.levels import LEVEL_TOLERANCE, OptimizationLevel
+from torchbridge.optimize.forward import compile_state
+from torchbridge.optimize.measure import (
+    compare_latency,
+    output_drift,
+    preserved_state,
+    sample_call,
+)
+from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
 from torchbridge.optimize.report import OptimizationResult, PassRecord, attach_result
+from torchbridge.optimize.snapshot import ModelSnapshot
 from torchbridge.plugins import get_plugin_host, is_fatal
 from torchbridge.types import DeviceInfo
 
@@ -122,10 +129,50 @@ def _skip_reason(p: OptimizationPass, plugin: str, model: nn.Module, ctx: PassCo
     return reason
 
 
-def _forward(model: nn.Module, args: tuple[Any, ...]) -> Any:
-    with torch.no_grad():
-        torch.manual_seed(0)  # same dropout masks in reference and candidate
-        return model(*args)
+def _copy(model: nn.Module, why: str) -> nn.Module:
+    try:
+        return copy.deepcopy(model)
+    except Exception as exc:
+        raise ModelOptimizationError(
+            f"the model cannot be deep-copied ({type(exc).__name__}: {exc}), and {why}; "
+            "pass inplace=True to prepare the model itself") from exc
+
+
+def _run_sample(model: nn.Module, call: Callable[[nn.Module], Any]) -> Any:
+    """The model's output on the sample input, in eval mode (no dropout, BatchNorm on its
+    running statistics: comparable between runs), leaving no trace on the model or the
+    global RNG."""
+    with preserved_state(model):
+        model.eval()
+        return call(model)
+
+
+def _verify(model: nn.Module, call: Callable[[nn.Module], Any], reference: Any,
+            tolerance: float) -> tuple[Any, float, float]:
+    """(output, max abs drift, max rel drift) of the model after a pass; raises
+    _Unverified when its output is no drop-in for the reference."""
+    out = _run_sample(model, call)
+    state = compile_state(model)
+    if state is not None and state.error is not None:
+        raise _Unverified(f"the compiled model failed on the sample input: "
+                          f"{type(state.error).__name__}: {state.error}")
+    try:
+        max_abs, max_rel = output_drift(reference, out)
+    except ValueError as exc:
+        raise _Unverified(str(exc)) from None
+    if not max_rel <= tolerance:
+        raise _Unverified(f"output drift {max_rel:.3g} (max abs {max_abs:.3g}) exceeds the "
+                          f"level's tolerance {tolerance:g}")
+    return out, max_abs, max_rel
+
+
+class _Unverified(Exception):
+    """A pass's result failed the check on the sample input."""
+
+
+def _changed(p: OptimizationPass, before: nn.Module, after: nn.Module,
+             forward: object) -> bool:
+    return p.mutates or after is not before or after.__dict__.get("forward") is not forward
 
 
 def _device_info(backend: Backend, result: OptimizationResult) -> DeviceInfo:
@@ -153,16 +200,12 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     strict = backend.config.strict if strict is None else strict
     if measure and sample_input is None:
         raise ModelOptimizationError("measure=True needs sample_input to run the model")
+    call = sample_call(backend, sample_input) if sample_input is not None else None
+    tolerance = LEVEL_TOLERANCE[level.value]
 
-    baseline: nn.Module | None = None
-    reference_out = None
-    args: tuple[Any, ...] = ()
-    if sample_input is not None:  # O0 = the same model, only placed on the device
-        args = call_args(backend, sample_input)
-        baseline = copy.deepcopy(model).to(backend.device)
-        reference_out = _forward(baseline, args)
-
-    work = model if inplace else copy.deepcopy(model)
+    baseline = _copy(model, "measure=True times the unprepared model against the prepared "
+                     "one").to(backend.device) if measure else None
+    work = model if inplace else _copy(model, "prepare_model works on a copy")
     result = OptimizationResult(model=work, backend=backend.name, level=level)
     ctx = PassContext(backend=backend, level=level, config=backend.config,
                       device_info=_device_info(backend, result), training=model.training,
@@ -172,25 +215,49 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     result.notes.extend(collected.problems)
     if strict and collected.problems:
         raise ModelOptimizationError("; ".join(collected.problems))
+    reference: Any = None
+    last_out: Any = None
+    have_reference = False
     for plugin, p in collected.passes:
-        snapshot = work
+        if call is not None and not have_reference and p.order > 0:
+            # O0's output: the model as given, placed on the device.
+            try:
+                reference = last_out = _run_sample(work, call)
+            except Exception as exc:
+                raise ModelOptimizationError(
+                    f"the model raised on the sample input before any pass ran: "
+                    f"{type(exc).__name__}: {exc}") from exc
+            have_reference = True
         started = time.perf_counter()
+        snapshot: ModelSnapshot | None = None
+        saved_state, saved_notes = _copy_state(ctx.state), len(ctx.notes)
         try:
             reason = _skip_reason(p, plugin, work, ctx)
             if reason is not None:
                 result.passes.append(PassRecord(p.name, "skipped", reason, plugin))
                 continue
             assert p.apply is not None
-            snapshot = copy.deepcopy(work) if p.mutates else work
-            work = p.apply(work, ctx)
-            if not isinstance(work, nn.Module):
-                raise TypeError(f"apply returned {type(work).__name__}, expected the "
+            snapshot = ModelSnapshot(work, tensors=p.mutates)
+            forward = work.__dict__.get("forward")
+            out = p.apply(work, ctx)
+            if not isinstance(out, nn.Module):
+                raise TypeError(f"apply returned {type(out).__name__}, expected the "
                                 "nn.Module it was given or its replacement")
+            if have_reference and _changed(p, work, out, forward):
+                last_out, *_ = _verify(out, call, reference, tolerance)  # type: ignore[arg-type]
+            work = out
         except BaseException as exc:
+            if snapshot is not None:
+                snapshot.restore()  # the model as it was, also the caller's own (inplace)
+            ctx.state.clear()
+            ctx.state.update(saved_state)
+            del ctx.notes[saved_notes:]
             if is_fatal(exc):
                 raise
-            work = snapshot
-            error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, PassSkipped):
+                result.passes.append(PassRecord(p.name, "skipped", str(exc), plugin))
+                continue
+            error = str(exc) if isinstance(exc, _Unverified) else f"{type(exc).__name__}: {exc}"
             logger.warning("pass %s (plugin %s) failed and was rolled back: %s", p.name,
                            plugin, error)
             result.passes.append(PassRecord(p.name, "failed", error, plugin))
@@ -205,12 +272,19 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     result.notes.extend(ctx.notes)
     result.kernel_substitutions = ctx.state.get("kernel_substitutions", [])
 
-    if sample_input is not None and baseline is not None:
-        candidate_out = _forward(work, args)
-        result.max_abs_diff, result.max_rel_diff = output_drift(reference_out, candidate_out)
-        if measure:
-            result.baseline_seconds, result.optimized_seconds = compare_latency(
-                lambda: baseline(*args), lambda: work(*args), backend.synchronize)
+    if call is not None:
+        if not have_reference:  # no pass after placement: the model is O0's
+            reference = last_out = _run_sample(work, call)
+        result.max_abs_diff, result.max_rel_diff = output_drift(reference, last_out)
+        if measure and baseline is not None:
+            with preserved_state(baseline), preserved_state(work):
+                result.baseline_seconds, result.optimized_seconds = compare_latency(
+                    lambda: call(baseline), lambda: call(work), backend.synchronize)
             result.speedup = result.baseline_seconds / result.optimized_seconds
     attach_result(work, result)
     return result
+
+
+def _copy_state(state: dict[str, Any]) -> dict[str, Any]:
+    """ctx.state as it was before a pass: values one level deep (compile options)."""
+    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in state.items()}

@@ -9,14 +9,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchbridge.levels import OptimizationLevel
-from torchbridge.optimize.measure import call_args
+from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 
 if TYPE_CHECKING:
@@ -68,21 +68,22 @@ class _LibraryTimer(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return out
 
 
-def library_time_share(model: nn.Module, args: tuple[Any, ...], calls: int = 3
+def library_time_share(model: nn.Module, call: Callable[[nn.Module], Any], calls: int = 3
                        ) -> tuple[float, str]:
     """(share of an eager call's wall time spent in LIBRARY_OPS, those ops as text), over
     `calls` calls after a warm-up. The wall time includes Python and dispatch overhead,
-    which compiling does remove."""
-    with torch.no_grad():
-        model(*args)  # warm-up: first-call allocations and lazy inits
+    which compiling does remove. The model's buffers and the global RNG are left as
+    they were."""
+    with preserved_state(model):
+        call(model)  # warm-up: first-call allocations and lazy inits
         started = time.perf_counter()
         for _ in range(calls):
-            model(*args)
+            call(model)
         total = time.perf_counter() - started
         timer = _LibraryTimer()
         with timer:
             for _ in range(calls):
-                model(*args)
+                call(model)
     library = sum(timer.seconds.values())
     ops = sorted(timer.seconds.items(), key=lambda kv: -kv[1])
     described = ", ".join(f"{name} {sec / total:.0%}" for name, sec in ops) or "none"
@@ -90,7 +91,7 @@ def library_time_share(model: nn.Module, args: tuple[Any, ...], calls: int = 3
 
 
 def _compile_value(model: nn.Module, ctx: PassContext) -> nn.Module:
-    share, top = library_time_share(model, call_args(ctx.backend, ctx.sample_input))
+    share, top = library_time_share(model, sample_call(ctx.backend, ctx.sample_input))
     verdict = f"measured on the sample input: {share:.0%} of eager time is in matmul and " \
               f"attention kernels that compiling leaves as they are ({top})"
     if share >= LIBRARY_SHARE_TO_SKIP_COMPILE:

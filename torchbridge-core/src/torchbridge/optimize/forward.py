@@ -1,0 +1,151 @@
+"""Changing how a model runs without wrapping it: its forward is replaced on the instance.
+
+A wrapper module (an autocast module, torch.compile's OptimizedModule) hides the model: its
+attributes and methods (a Hugging Face model's `config` and `generate()`), its class for
+isinstance, and its state_dict keys (`module.`, `_orig_mod.` prefixes). Setting `forward`
+on the instance keeps the model the object it was: nn.Module.__call__ finds the new forward,
+so hooks still fire around it, and `generate()`, which calls `self(...)`, runs it too.
+
+Each installed forward gets its own code object: torch.compile keeps compiled graphs per
+code object and falls back to eager after `recompile_limit` (8) variants, so prepared
+models sharing one forward function would run uncompiled from the ninth on.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchbridge import trees
+
+logger = logging.getLogger(__name__)
+
+
+def _own_code(fn: Callable[..., Any], like: Callable[..., Any]) -> Callable[..., Any]:
+    assert isinstance(fn, types.FunctionType)
+    fresh = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                               fn.__defaults__, fn.__closure__)
+    # HF generate() reads forward's signature (which arguments it may pass): keep it.
+    functools.update_wrapper(fresh, like)
+    return fresh
+
+
+_RECIPE = "_torchbridge_forward_recipe"
+
+
+def install_forward(model: nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]],
+                    redo: Callable[[nn.Module], Any] | None = None) -> None:
+    """model.forward = make(current forward), with its own code object. `redo(copy)`
+    installs the same on a deep copy: a forward held on the instance would otherwise be
+    copied as it is and run the original model's weights."""
+    inner = model.forward
+    model.forward = _own_code(make(inner), inner)  # type: ignore[method-assign]
+    model.__dict__[_RECIPE] = [*model.__dict__.get(_RECIPE, []), redo]  # a new list:
+    # a snapshot taken before this pass holds the old one
+    # copy.deepcopy looks __deepcopy__ up on the instance: the copy gets its own forward.
+    model.__dict__["__deepcopy__"] = types.MethodType(_deepcopy_prepared, model)
+
+
+def _deepcopy_prepared(model: nn.Module, memo: dict[int, Any]) -> nn.Module:
+    state = {k: v for k, v in model.__dict__.items()
+             if k not in ("forward", "__deepcopy__", _RECIPE)}
+    recipe = model.__dict__.get(_RECIPE, [])
+    copied = model.__class__.__new__(model.__class__)
+    memo[id(model)] = copied
+    copied.__dict__.update(copy.deepcopy(state, memo))
+    for redo in recipe:
+        if redo is not None:
+            redo(copied)
+    return copied
+
+
+def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
+                     out_dtype: torch.dtype) -> None:
+    """Forward under torch.autocast; floating outputs in `dtype` come back in `out_dtype`
+    (the model's own dtype), in the same containers."""
+
+    def make(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            with torch.autocast(device_type=device_type, dtype=dtype):
+                out = inner(*args, **kwargs)
+            return _cast_back(out, dtype, out_dtype)
+        return forward
+
+    install_forward(model, make, lambda twin: autocast_forward(twin, device_type, dtype,
+                                                               out_dtype))
+
+
+@torch._dynamo.disable  # type: ignore[misc,untyped-decorator,unused-ignore]
+def _cast_back(out: Any, dtype: torch.dtype, out_dtype: torch.dtype) -> Any:
+    # Outside the compiled region: registering an output type is Python bookkeeping.
+    return trees.map_tensors(lambda t: t.to(out_dtype) if t.dtype == dtype else t, out)
+
+
+class CompileState:
+    """What the compiled forward of one model went through: the first error, if any, and
+    the call signature it is compiled for."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+        self.signature: tuple[int, frozenset[str]] | None = None
+
+
+def call_signature(args: tuple[Any, ...], kwargs: dict[str, Any]
+                   ) -> tuple[int, frozenset[str]]:
+    """How a call looks: positional count and the keywords given (None counts as not)."""
+    return len(args), frozenset(k for k, v in kwargs.items() if v is not None)
+
+
+def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], Any]
+                     ) -> CompileState:
+    """Forward compiled by `compile(fn)`. Compiling happens at the first call; if the
+    compiled forward raises where the uncompiled one runs, the model keeps running
+    uncompiled, with one logged warning, and `state.error` holds the compile error.
+
+    The compiled path serves calls shaped like the first one (the sample input's, when
+    prepare_model had one): the same positional count and keywords. Other calls run the
+    uncompiled forward. HF `generate()` calls forward with a KV cache, cache positions and
+    a shape that grows every step: compiled, each step recompiled or failed guards
+    (measured: 0.07x eager tokens per second); uncompiled, decoding runs as the prepared
+    but uncompiled model does, while the calls it was prepared for stay compiled."""
+    state = CompileState()
+
+    def make(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return inner(*args, **kwargs)
+
+        compiled = compile(_own_code(call, inner))
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            signature = call_signature(args, kwargs)
+            if state.signature is None:
+                state.signature = signature
+            if state.error is not None or signature != state.signature:
+                return inner(*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as exc:
+                out = inner(*args, **kwargs)  # raises the model's own error if it has one
+                state.error = exc
+                logger.warning("the compiled forward of %s failed (%s: %s); it runs "
+                               "uncompiled from now on", type(model).__name__,
+                               type(exc).__name__, exc)
+                return out
+        return forward
+
+    install_forward(model, make, lambda twin: compiled_forward(twin, compile))
+    return state
+
+
+def compile_state(model: nn.Module) -> CompileState | None:
+    forward = model.__dict__.get("forward")
+    closure = getattr(forward, "__closure__", None) or ()
+    return next((c.cell_contents for c in closure
+                 if isinstance(c.cell_contents, CompileState)), None)

@@ -29,7 +29,6 @@ from torch import nn
 
 from torchbridge.distributed.context import DistributedContext, current_context
 from torchbridge.errors import DistributedError
-from torchbridge.optimize.core_passes import AutocastModule
 from torchbridge.optimize.report import PassRecord, attach_result
 
 if TYPE_CHECKING:
@@ -51,7 +50,8 @@ FSDP_UNSUPPORTED = {
 
 
 def user_module(model: nn.Module) -> nn.Module:
-    """The user's module inside prepare_model's wrappers (DDP, torch.compile, autocast).
+    """The user's module inside the wrappers around it (DDP; torch.compile's when a plugin's
+    pass wraps).
     With FSDP2 it is the module `fully_shard` sharded in place."""
     from torch.nn.parallel import DistributedDataParallel
 
@@ -61,9 +61,7 @@ def user_module(model: nn.Module) -> nn.Module:
             model = model.module
         elif isinstance(inner, nn.Module):
             model = inner
-        elif isinstance(model, AutocastModule):
-            model = model.module
-        else:
+        else:  # the core's autocast and compile change forward in place: no wrapper
             return model
 
 

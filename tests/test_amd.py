@@ -526,8 +526,8 @@ def test_amd_o3_model_runs_fp8_in_the_architectures_dtype(
         prepared = torchbridge.get_backend("rocm", cfg).optimize(model, "O3").model
         layers = [m for m in prepared.modules() if isinstance(m, FP8Linear)]
         assert len(layers) == 2 and {m.weight_fp8.dtype for m in layers} == {dtype}
-        with torch.no_grad():  # the inner model: cuda autocast cannot run on this CPU
-            assert _rel(prepared.module(x), expected) < FP8_TOLERANCE
+        with torch.no_grad():  # the class's forward: cuda autocast cannot run on this CPU
+            assert _rel(nn.Sequential.forward(prepared, x), expected) < FP8_TOLERANCE
 
 
 # -- on a real AMD GPU ----------------------------------------------------------------------

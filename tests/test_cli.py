@@ -73,7 +73,8 @@ MISTAKES = [
     (["validate", "--backends", "cpu,cuda"], "backend 'cuda' is unavailable"),
     (["validate", "--backends", "cuda,cpu"], "the reference backend (the first) cannot run"),
     (["validate", "--backends", "cpu,example:5"], "example has 2 device(s); index 5"),
-    (["bench", "--models", "resnet"], "invalid choice: 'resnet'"),
+    (["bench", "--models", "resnet"], "not in the reference suite"),
+    (["bench", "--models", "vgg"], "invalid choice: 'vgg'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ]
 

@@ -278,7 +278,8 @@ def test_passes_follow_the_capabilities(monkeypatch: pytest.MonkeyPatch, gpu: st
     assert report["tf32"][0] == ("applied" if xmx else "skipped")
     assert ("enable_tf32" in fake.calls) is xmx
     assert report["autocast"][0] == "applied"
-    assert result.model.dtype == getattr(torch, EXPECTED[gpu][3])  # AutocastModule's dtype
+    assert report["low_precision_weights"][0] == "applied"  # stored in the autocast dtype
+    assert result.model[0].weight.dtype == getattr(torch, EXPECTED[gpu][3])
     assert report["ipex_optimize"] == ("skipped",
                                        "intel-extension-for-pytorch is not installed")
     assert report["compile"] == ("skipped", "vetoed by plugin intel: no Triton with the "

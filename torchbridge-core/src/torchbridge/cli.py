@@ -121,7 +121,16 @@ def _check_plot_path(path: str) -> None:
                          f"of {', '.join(sorted(formats))}")
 
 
+SUITES = {"reference": ("mlp", "convnet", "encoder", "decoder_lm"),
+          "hf": ("llama", "gpt2", "bert", "vit", "resnet")}
+
+
 def _bench(args: argparse.Namespace) -> int:
+    foreign = [m for m in args.models or () if m not in SUITES[args.suite]]
+    if foreign:
+        other = next(s for s, names in SUITES.items() if foreign[0] in names)
+        raise UsageError(f"--models {' '.join(foreign)}: not in the {args.suite} suite "
+                         f"({', '.join(SUITES[args.suite])}); add --suite {other}")
     if args.plot:
         _check_plot_path(args.plot)
     _load_config()
@@ -319,9 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc.set_defaults(func=_doctor)
     bench = sub.add_parser("bench", parents=[common],
                            help="prepare_model benchmark on the reference models")
-    bench.add_argument("--models", nargs="+", choices=["mlp", "convnet", "encoder",
-                                                      "decoder_lm", "llama", "gpt2", "bert",
-                                                      "vit", "resnet"])
+    bench.add_argument("--models", nargs="+", choices=[*SUITES["reference"], *SUITES["hf"]])
     bench.add_argument("--suite", choices=["reference", "hf"], default="reference",
                        help="hf: Hugging Face architectures from their configs (needs "
                        "transformers)")

@@ -194,8 +194,9 @@ class _Gate:
     verdicts: dict[tuple[Any, ...], _Verdict] = field(default_factory=dict)
 
     @contextmanager
-    def _isolated(self) -> Iterator[None]:
-        """The caller's RNG untouched (the device's too), and the model's autocast."""
+    def rng(self) -> Iterator[None]:
+        """The caller's random state untouched, the device's too: synthetic inputs and
+        seeded runs draw from a forked generator."""
         device = self.ctx.backend.device
         forked = [] if device.type == "cpu" else [device.index or 0]
         try:
@@ -204,15 +205,21 @@ class _Gate:
         except (AttributeError, RuntimeError):  # a device type torch cannot fork
             rng = torch.random.fork_rng(devices=[])
             rng.__enter__()
-        dtype = self.ctx.state.get("autocast_dtype")
-        autocast = torch.autocast(device.type, enabled=False) if dtype is None \
-            else torch.autocast(device.type, dtype=dtype)
         try:
-            with autocast:
-                torch.manual_seed(0)
-                yield
+            yield
         finally:
             rng.__exit__(None, None, None)
+
+    @contextmanager
+    def _isolated(self) -> Iterator[None]:
+        """Forked RNG seeded alike for every run, under the model's autocast."""
+        device_type = self.ctx.backend.device.type
+        dtype = self.ctx.state.get("autocast_dtype")
+        autocast = torch.autocast(device_type, enabled=False) if dtype is None \
+            else torch.autocast(device_type, dtype=dtype)
+        with self.rng(), autocast:
+            torch.manual_seed(0)
+            yield
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         with self._isolated():
@@ -407,8 +414,13 @@ def _parameter_dtype(module: nn.Module) -> torch.dtype:
 
 
 def _substitute_kernels(model: nn.Module, ctx: PassContext) -> nn.Module:
-    matches = _matches(model, ctx)
     gate = _Gate(ctx, measure=bool(ctx.state.get("measure")) and ctx.sample_input is not None)
+    with gate.rng():
+        return _substitute_with(model, ctx, gate)
+
+
+def _substitute_with(model: nn.Module, ctx: PassContext, gate: _Gate) -> nn.Module:
+    matches = _matches(model, ctx)
     captured = _capture_inputs(model, [m for _, m, _, _ in matches], ctx, gate) \
         if ctx.sample_input is not None else _Captured()
     records: list[dict[str, Any]] = ctx.state.setdefault("kernel_substitutions", [])

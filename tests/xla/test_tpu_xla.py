@@ -178,3 +178,21 @@ def test_persistent_compilation_cache_fills_its_directory(tmp_path: Path) -> Non
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("applied")
     assert any(cache.iterdir())  # compiled programs were written
+
+
+def test_check_compatibility_runs_the_model_on_xla_for_real() -> None:
+    """A host round trip (.item()) in forward: XLA's own counters see the graph break."""
+
+    class HostSync(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.linear(x)
+            return y * float(y.abs().max().item())
+
+    report = torchbridge.check_compatibility(HostSync(), torch.randn(4, 8), "tpu")
+    assert any(i.what == "XLA graph" for i in report.issues) or \
+        any(n.startswith("ran on XLA") for n in report.notes), report.summary()
+    assert "torch_xla is not installed" not in " ".join(report.notes)

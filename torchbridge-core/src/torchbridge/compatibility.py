@@ -200,13 +200,28 @@ class _Host:
 
 
 def _check_on_xla(report: CompatibilityReport, model: nn.Module, sample_input: Any) -> None:
+    import os
+
+    from torchbridge.errors import BackendUnavailableError
+
+    # Importing torch_xla sets PJRT_DEVICE (to CPU without a TPU) in os.environ, which every
+    # later discovery and child process would read as "a TPU is indicated": put it back.
+    pjrt = os.environ.get("PJRT_DEVICE")
     try:
         import torch_xla  # noqa: F401
     except ImportError:
         report.notes.append("torch_xla is not installed: checked on the CPU only, not run "
                             "on XLA")
         return
-    result = get_backend("tpu").optimize(model, "O1", sample_input=sample_input)
+    finally:
+        if pjrt is None:
+            os.environ.pop("PJRT_DEVICE", None)
+    try:
+        backend = get_backend("tpu")
+    except BackendUnavailableError as exc:
+        report.notes.append(f"not run on XLA: {exc} (PJRT_DEVICE=CPU runs it on XLA:CPU)")
+        return
+    result = backend.optimize(model, "O1", sample_input=sample_input)
     for note in result.notes:
         if note.startswith("xla_graph_check:"):
             text = note.removeprefix("xla_graph_check: ")

@@ -196,3 +196,15 @@ def test_check_compatibility_runs_the_model_on_xla_for_real() -> None:
     assert any(i.what == "XLA graph" for i in report.issues) or \
         any(n.startswith("ran on XLA") for n in report.notes), report.summary()
     assert "torch_xla is not installed" not in " ".join(report.notes)
+
+
+def test_the_compiled_model_on_xla_is_the_users_own(tpu: torchbridge.Backend) -> None:
+    model = mlp()
+    model.label = "mine"  # type: ignore[assignment]
+    x = torch.randn(4, 32)
+    prepared = tpu.prepare_model(model, "O2", sample_input=x)
+    report = torchbridge.optimization_result(prepared)
+    assert report is not None and "compile" in report.optimizations_applied
+    assert type(prepared) is type(model) and prepared.label == "mine"
+    torch.testing.assert_close(prepared(x.to(tpu.device)).cpu(), model(x), rtol=2e-2,
+                               atol=1e-2)  # O2 computes in bf16 on XLA

@@ -111,9 +111,13 @@ def _compile_check(model: nn.Module, ctx: PassContext) -> str | None:
 
 
 def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
-    compiled = torch.compile(model, backend="openxla")
+    # The core's in-place compiled forward: the prepared model stays the user's object
+    # (attributes, methods, hooks), as with the core's own compile pass.
+    from torchbridge.optimize.forward import compiled_forward
+
+    compiled_forward(model, lambda fn: torch.compile(fn, backend="openxla"))
     ctx.notes.append("compile: torch.compile(backend='openxla'); the first call compiles")
-    return compiled  # type: ignore[return-value]
+    return model
 
 
 def tpu_passes(backend: Backend) -> list[OptimizationPass]:

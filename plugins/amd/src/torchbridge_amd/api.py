@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-from torchbridge.backend import Backend
-from torchbridge.backends import named_backend_class
+from torchbridge.backends import SeedOptimizer, named_backend_class
 from torchbridge.errors import BackendUnavailableError
 from torchbridge.fp8 import FP8CompilationResult, FP8Linear, convert_linears_to_fp8
-from torchbridge.optimize.report import OptimizationResult
 
 from torchbridge_amd.architecture import (
     ARCHITECTURES,
@@ -62,18 +59,11 @@ class AMDBackend(_GenericROCmBackend):  # type: ignore[misc, valid-type]
         return dict(self.get_device_info(self._check_index(index)).extra["telemetry"])
 
 
-class AMDOptimizer:
+class AMDOptimizer(SeedOptimizer):
     """`AMDOptimizer(config).optimize(model, optimization_level="balanced")`: the core's
     pipeline on the rocm backend; `result.optimizations_applied` lists what really ran."""
 
-    def __init__(self, config: Any = None, backend: Backend | None = None) -> None:
-        self.backend = backend if backend is not None else AMDBackend(config)
-
-    def optimize(self, model: nn.Module, optimization_level: Any = None,
-                 sample_input: Any = None, measure: bool = False, **kwargs: Any
-                 ) -> OptimizationResult:
-        return self.backend.optimize(model, optimization_level, sample_input=sample_input,
-                                     measure=measure, **kwargs)
+    backend_class = AMDBackend
 
 
 __all__ = [

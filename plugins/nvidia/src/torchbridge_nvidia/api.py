@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-from torchbridge.backend import Backend
-from torchbridge.backends import named_backend_class
+from torchbridge.backends import SeedOptimizer, named_backend_class
 from torchbridge.errors import BackendUnavailableError
-from torchbridge.optimize.report import OptimizationResult
 
 from torchbridge_nvidia.architecture import NVIDIAArchitecture, PrecisionPolicy, precision_policy
 from torchbridge_nvidia.attention import FlashAttention3
@@ -56,18 +53,11 @@ class NVIDIABackend(_GenericCUDABackend):  # type: ignore[misc, valid-type]
         return architecture
 
 
-class NVIDIAOptimizer:
+class NVIDIAOptimizer(SeedOptimizer):
     """`NVIDIAOptimizer(config).optimize(model, optimization_level="balanced")`: the core's
     pipeline on the cuda backend; `result.optimizations_applied` lists what really ran."""
 
-    def __init__(self, config: Any = None, backend: Backend | None = None) -> None:
-        self.backend = backend if backend is not None else NVIDIABackend(config)
-
-    def optimize(self, model: nn.Module, optimization_level: Any = None,
-                 sample_input: Any = None, measure: bool = False, **kwargs: Any
-                 ) -> OptimizationResult:
-        return self.backend.optimize(model, optimization_level, sample_input=sample_input,
-                                     measure=measure, **kwargs)
+    backend_class = NVIDIABackend
 
 
 __all__ = [

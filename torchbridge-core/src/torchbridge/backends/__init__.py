@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torchbridge.backend import Backend, get_backend
@@ -30,6 +31,22 @@ def named_backend_class(backend_name: str, class_name: str) -> type[Backend]:
 CPUBackend = named_backend_class("cpu", "CPUBackend")
 
 
+class SeedOptimizer:
+    """The seeds' `<Vendor>Optimizer(config).optimize(model, optimization_level=...)`: the
+    core's pipeline on the vendor's backend; `result.optimizations_applied` lists what ran.
+    A vendor plugin subclasses it naming its Backend class in `backend_class`."""
+
+    backend_class: Callable[[Any], Backend]  # a named_backend_class
+
+    def __init__(self, config: Any = None, backend: Backend | None = None) -> None:
+        self.backend = backend if backend is not None else self.backend_class(config)
+
+    def optimize(self, model: Any, optimization_level: Any = None, sample_input: Any = None,
+                 measure: bool = False, **kwargs: Any) -> Any:
+        return self.backend.optimize(model, optimization_level, sample_input=sample_input,
+                                     measure=measure, **kwargs)
+
+
 class BackendFactory:
     """The seeds' factory: `BackendFactory.create("cuda")`."""
 
@@ -42,5 +59,5 @@ class BackendFactory:
         return [s.name for s in list_backends() if s.available]
 
 
-__all__ = ["Backend", "BackendFactory", "CPUBackend", "detect_best_backend",
+__all__ = ["Backend", "BackendFactory", "CPUBackend", "SeedOptimizer", "detect_best_backend",
            "named_backend_class"]

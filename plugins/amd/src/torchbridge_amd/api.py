@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torchbridge.backends import SeedOptimizer, named_backend_class
-from torchbridge.errors import BackendUnavailableError
 from torchbridge.fp8 import FP8CompilationResult, FP8Linear, convert_linears_to_fp8
 
 from torchbridge_amd.architecture import (
@@ -28,21 +25,13 @@ from torchbridge_amd.errors import (
 from torchbridge_amd.memory import AMDMemoryManager
 from torchbridge_amd.preflight import Preflight, hsa_override_value, run_preflight
 
-_GenericROCmBackend = named_backend_class("rocm", "AMDBackend")
+_GenericROCmBackend = named_backend_class("rocm", "AMDBackend", ROCmNotAvailableError)
 
 
 class AMDBackend(_GenericROCmBackend):  # type: ignore[misc, valid-type]
     """The rocm backend: `AMDBackend()`, `AMDBackend(config)`,
     `AMDBackend(optimization_level="O3", device_id=1)`. Raises ROCmNotAvailableError (a
     BackendUnavailableError) without a ROCm build of torch and a visible AMD GPU."""
-
-    def __init__(self, config: Any = None, *, optimization_level: Any = None,
-                 device_id: int = 0) -> None:
-        try:
-            super().__init__(config, optimization_level=optimization_level,
-                             device_id=device_id)
-        except BackendUnavailableError as exc:
-            raise ROCmNotAvailableError(str(exc), backend="rocm") from None
 
     @property
     def architecture(self) -> str | None:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torchbridge.backends import SeedOptimizer, named_backend_class
-from torchbridge.errors import BackendUnavailableError
 
 from torchbridge_intel.config import IntelConfig
 from torchbridge_intel.devices import XPUDeviceManager
@@ -21,7 +18,7 @@ from torchbridge_intel.families import IntelFamily
 from torchbridge_intel.memory import IntelMemoryManager
 from torchbridge_intel.policy import PrecisionPolicy, precision_policy
 
-_GenericXPUBackend = named_backend_class("xpu", "IntelBackend")
+_GenericXPUBackend = named_backend_class("xpu", "IntelBackend", XPUNotAvailableError)
 
 
 class IntelBackend(_GenericXPUBackend):  # type: ignore[misc, valid-type]
@@ -29,14 +26,6 @@ class IntelBackend(_GenericXPUBackend):  # type: ignore[misc, valid-type]
     `IntelBackend(optimization_level="O3", device_id=1)`. Raises XPUNotAvailableError
     (a BackendUnavailableError) without a usable Intel GPU. Runs on stock torch.xpu;
     intel-extension-for-pytorch is optional."""
-
-    def __init__(self, config: Any = None, *, optimization_level: Any = None,
-                 device_id: int = 0) -> None:
-        try:
-            super().__init__(config, optimization_level=optimization_level,
-                             device_id=device_id)
-        except BackendUnavailableError as exc:
-            raise XPUNotAvailableError(str(exc), backend="xpu") from None
 
     @property
     def family(self) -> str | None:

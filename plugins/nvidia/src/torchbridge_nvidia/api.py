@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torchbridge.backends import SeedOptimizer, named_backend_class
-from torchbridge.errors import BackendUnavailableError
 
 from torchbridge_nvidia.architecture import NVIDIAArchitecture, PrecisionPolicy, precision_policy
 from torchbridge_nvidia.attention import FlashAttention3
@@ -26,21 +23,13 @@ from torchbridge_nvidia.errors import (
 from torchbridge_nvidia.fp8 import FP8CompilationResult, FP8Compiler, FP8Linear
 from torchbridge_nvidia.memory import NVIDIAMemoryManager
 
-_GenericCUDABackend = named_backend_class("cuda", "NVIDIABackend")
+_GenericCUDABackend = named_backend_class("cuda", "NVIDIABackend", CUDANotAvailableError)
 
 
 class NVIDIABackend(_GenericCUDABackend):  # type: ignore[misc, valid-type]
     """The cuda backend: `NVIDIABackend()`, `NVIDIABackend(config)`,
     `NVIDIABackend(optimization_level="O3", device_id=1)`. Raises CUDANotAvailableError
     (a BackendUnavailableError) without a usable NVIDIA GPU."""
-
-    def __init__(self, config: Any = None, *, optimization_level: Any = None,
-                 device_id: int = 0) -> None:
-        try:
-            super().__init__(config, optimization_level=optimization_level,
-                             device_id=device_id)
-        except BackendUnavailableError as exc:
-            raise CUDANotAvailableError(str(exc), backend="cuda") from None
 
     @property
     def compute_capability(self) -> str | None:

@@ -8,12 +8,17 @@ from typing import Any
 
 from torchbridge.backend import Backend, get_backend
 from torchbridge.config import TorchBridgeConfig
+from torchbridge.errors import BackendUnavailableError
 from torchbridge.selection import backend_status, detect_best_backend, list_backends
 
 
-def named_backend_class(backend_name: str, class_name: str) -> type[Backend]:
+def named_backend_class(backend_name: str, class_name: str,
+                        unavailable_error: type[BackendUnavailableError] | None = None
+                        ) -> type[Backend]:
     """A Backend subclass whose constructor selects `backend_name`, for the seeds'
-    `NVIDIABackend(config)` / `NVIDIABackend(optimization_level="O2")` style."""
+    `NVIDIABackend(config)` / `NVIDIABackend(optimization_level="O2")` style. Without the
+    backend it raises `unavailable_error` (a vendor's BackendUnavailableError subclass,
+    such as CUDANotAvailableError) with the reason, else BackendUnavailableError."""
 
     def __init__(self: Backend, config: Any = None, *, optimization_level: Any = None,
                  device_id: int = 0) -> None:
@@ -22,7 +27,12 @@ def named_backend_class(backend_name: str, class_name: str) -> type[Backend]:
         if optimization_level is not None:
             config = config.model_copy()
             config.optimization_level = optimization_level
-        Backend.__init__(self, backend_status(backend_name), config, index=device_id)
+        try:
+            Backend.__init__(self, backend_status(backend_name), config, index=device_id)
+        except BackendUnavailableError as exc:
+            if unavailable_error is None:
+                raise
+            raise unavailable_error(str(exc), backend=backend_name) from None
 
     return type(class_name, (Backend,), {"__init__": __init__, "__doc__":
                 f"The {backend_name} backend; raises BackendUnavailableError without it."})

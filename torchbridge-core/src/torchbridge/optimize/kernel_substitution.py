@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchbridge.kernels.choice import Candidate, choose
+from torchbridge.kernels.choice import Candidate, KernelChoice, choose
 from torchbridge.kernels.implementations import (
     TOLERANCES,
     BoundKernel,
@@ -424,6 +424,9 @@ def _substitute_with(model: nn.Module, ctx: PassContext, gate: _Gate) -> nn.Modu
     captured = _capture_inputs(model, [m for _, m, _, _ in matches], ctx, gate) \
         if ctx.sample_input is not None else _Captured()
     records: list[dict[str, Any]] = ctx.state.setdefault("kernel_substitutions", [])
+    # One choice per (op, dtype) for the run: asking every plugin again for each of thirty
+    # identical layers would give the same answer.
+    choices: dict[tuple[str, torch.dtype], KernelChoice] = {}
     for name, module, pattern, facts in matches:
         record: dict[str, Any] = {"module": name, "pattern": pattern.name, "op": pattern.op}
         records.append(record)
@@ -443,8 +446,11 @@ def _substitute_with(model: nn.Module, ctx: PassContext, gate: _Gate) -> nn.Modu
             record.update(status="kept", detail=f"not a {pattern.name}: its output differs "
                           f"from the {pattern.op} formula by {error:.3g}")
             continue
-        choice = choose(pattern.op, ctx.backend, dtype=dtype, training=ctx.training,
-                        info=ctx.device_info)
+        choice = choices.get((pattern.op, dtype))
+        if choice is None:
+            choice = choices[(pattern.op, dtype)] = choose(
+                pattern.op, ctx.backend, dtype=dtype, training=ctx.training,
+                info=ctx.device_info)
         rejected = choice.reasons()
         for candidate in choice.eligible:
             verdict = gate.check(module, pattern, facts, candidate, args, reference_out)

@@ -1,4 +1,4 @@
-"""Sessions: `nox -s tests tests_xla` (the README's test command), `tests_kernels`,
+"""Sessions: `nox -s tests tests_xla tests_kernels` (the README's test command),
 `tests_gpu`, `demo`, `lint`, `typecheck`, `bench`.
 
 torch is pinned: an unpinned `torch` pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel.

@@ -142,5 +142,20 @@ class MemoryStats:
     def keys(self) -> list[str]:
         return list(_FIELDS)
 
+    @classmethod
+    def from_caching_allocator(cls, device: torch.device | str,
+                               counters: tuple[int | None, int | None, int | None],
+                               free: int | None,
+                               total: int | None, free_total_source: str) -> MemoryStats:
+        """The stats of a GPU backend built on torch's caching allocator: `counters` are
+        its (allocated, reserved, peak allocated) bytes in this process, `free` and `total`
+        the device's as the runtime reports them (None where it cannot), and
+        `free_total_source` says where those came from (it opens the notes)."""
+        allocated, reserved, peak = counters
+        return cls(device=str(device), allocated_bytes=allocated, reserved_bytes=reserved,
+                   peak_allocated_bytes=peak, free_bytes=free, total_bytes=total,
+                   notes=f"{free_total_source}; allocated, reserved and peak are this "
+                         "process's caching allocator")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -63,20 +63,16 @@ def torchbridge_memory_stats(backend_name: str, device: torch.device) -> MemoryS
 
     index = device.index or 0
     free_total = probe.mem_get_info(index)
-    allocated, reserved, peak = probe.allocator_counters(index)
-    free: int | None
-    total: int | None
+    counters = probe.allocator_counters(index)
     if free_total is None:
-        free, total = None, probe.device_properties(index).total_memory
-        where = "torch.xpu.mem_get_info is unavailable: free memory unknown, total from " \
-                "the device properties"
-    else:
-        (free, total), where = free_total, "free and total from torch.xpu.mem_get_info " \
-                                           "(all processes)"
-    return MemoryStats(device=str(device), allocated_bytes=allocated, reserved_bytes=reserved,
-                       peak_allocated_bytes=peak, free_bytes=free, total_bytes=total,
-                       notes=f"{where}; allocated, reserved and peak are this process's "
-                             "caching allocator")
+        return MemoryStats.from_caching_allocator(
+            device, counters, None, probe.device_properties(index).total_memory,
+            "torch.xpu.mem_get_info is unavailable: free memory unknown, total from the "
+            "device properties")
+    free, total = free_total
+    return MemoryStats.from_caching_allocator(
+        device, counters, free, total, "free and total from torch.xpu.mem_get_info "
+                                       "(all processes)")
 
 
 @hookimpl

@@ -58,11 +58,9 @@ def torchbridge_memory_stats(backend_name: str, device: torch.device) -> MemoryS
 
     index = device.index or 0
     free, total = probe.mem_get_info(index)
-    allocated, reserved, peak = probe.allocator_counters(index)
-    return MemoryStats(device=str(device), allocated_bytes=allocated, reserved_bytes=reserved,
-                       peak_allocated_bytes=peak, free_bytes=free, total_bytes=total,
-                       notes="free and total from cudaMemGetInfo (all processes); allocated, "
-                             "reserved and peak are this process's caching allocator")
+    return MemoryStats.from_caching_allocator(
+        device, probe.allocator_counters(index), free, total,
+        "free and total from cudaMemGetInfo (all processes)")
 
 
 @hookimpl

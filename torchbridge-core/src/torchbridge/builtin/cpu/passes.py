@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from torchbridge.backend import Backend
 
 
+def _freeze_check(model: nn.Module, ctx: PassContext) -> str | None:
+    # Freezing is an option of the compile pass: with compile skipped it would do nothing.
+    skip_compile: str | None = ctx.state.get("skip_compile")
+    return f"compile is skipped ({skip_compile})" if skip_compile else None
+
+
 def _freeze(model: nn.Module, ctx: PassContext) -> nn.Module:
     # Inductor freezing turns weights into constants, folds them (bf16 weight casts happen
     # once instead of every call) and prepacks them for oneDNN. Weights changed after this
@@ -109,7 +115,7 @@ def cpu_passes(backend: Backend) -> list[OptimizationPass]:
                          mode="inference", order=78, mutates=False),
         OptimizationPass("inference_freezing", "inductor freezing: weights folded as "
                          "constants and prepacked for oneDNN", OptimizationLevel.O3, _freeze,
-                         mode="inference", order=79, mutates=False),
+                         _freeze_check, mode="inference", order=79, mutates=False),
     ]
     cpu_config: Any = getattr(backend.config.hardware, "cpu", None)  # a dynamic section
     if cpu_config is not None and not cpu_config.allow_bf16:

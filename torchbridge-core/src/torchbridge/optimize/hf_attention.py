@@ -37,10 +37,15 @@ _INTERFACE = "ALL_ATTENTION_FUNCTIONS"
 _ROUTE = "_torchbridge_attention_route"  # per-call kernel for the checks, on the module
 ROUTED = ("sdpa", "eager")
 # Keywords transformers passes down to attention functions that change nothing they
-# compute (the mask already carries the causal pattern and any sliding window for sdpa).
-_HARMLESS = {"position_ids", "cache_position", "use_cache", "output_attentions",
-             "past_key_values", "past_key_value"}
-_HARMLESS_FOR_SDPA = {"sliding_window"}
+# compute. The mask already carries the causal pattern and any sliding window, so
+# `sliding_window` is harmless where the function does not name it as a parameter
+# (transformers' sdpa function never does; a model's eager function may).
+_HARMLESS = frozenset({"position_ids", "cache_position", "use_cache", "output_attentions",
+                       "past_key_values", "past_key_value", "dropout", "scaling",
+                       "is_causal"})
+_WINDOW = frozenset({"sliding_window"})
+# Named first in a misfit, as they are what most often changes the math.
+_MATH = ("softcap", "position_bias", "cache", "s_aux", "sinks")
 
 
 @dataclass
@@ -53,8 +58,19 @@ class _Route:
     fallbacks: list[str] = field(default_factory=list)
 
 
-def _contract_misfit(implementation: str, module: nn.Module, args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> str | None:
+def _weights_recorded(collector: Any) -> bool:
+    """Whether transformers' output capturing (`capture_outputs`, hooks that keep each
+    attention module's weights) is collecting attention weights in this call."""
+    if collector is None:
+        return False
+    # Under compile transformers keeps the collection in a plain attribute.
+    active = getattr(collector, "global_var", None) if torch.compiler.is_compiling() \
+        else collector.get()
+    return isinstance(active, dict) and any(str(k).endswith("attentions") for k in active)
+
+
+def _contract_misfit(harmless: frozenset[str], collector: Any, module: nn.Module,
+                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     """Why this attention call is not softmax(q k^T * scale + mask) v as the op computes it."""
     if args:
         return "positional arguments after the mask"
@@ -62,13 +78,14 @@ def _contract_misfit(implementation: str, module: nn.Module, args: tuple[Any, ..
     if dropout:
         return f"attention dropout {dropout} in training: the op has none"
     config = getattr(module, "config", None)
-    if kwargs.get("output_attentions", getattr(config, "output_attentions", False)):
+    if kwargs.get("output_attentions", getattr(config, "output_attentions", False)) or \
+            _weights_recorded(collector):
         return "attention weights asked for (output_attentions): the op returns none"
-    harmless = _HARMLESS | _HARMLESS_FOR_SDPA if implementation == "sdpa" else _HARMLESS
+    for name in _MATH:
+        if kwargs.get(name) is not None:
+            return f"called with {name}=: the op does not compute it"
     for name, value in kwargs.items():
-        if name in ("dropout", "scaling", "is_causal") or name in harmless:
-            continue
-        if value is not None and value is not False:
+        if name not in harmless and value is not None and value is not False:
             return f"called with {name}=: the op does not take it"
     scaling = kwargs.get("scaling")
     if scaling is not None and not isinstance(scaling, (int, float)):
@@ -76,7 +93,8 @@ def _contract_misfit(implementation: str, module: nn.Module, args: tuple[Any, ..
     return None
 
 
-def _routed_attention(fallback: Callable[..., Any], implementation: str, module: nn.Module,
+def _routed_attention(fallback: Callable[..., Any], implementation: str,
+                      harmless: frozenset[str], collector: Any, module: nn.Module,
                       query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
     """An attention function with transformers' contract (outputs (B, S, H, D), weights)
@@ -85,7 +103,7 @@ def _routed_attention(fallback: Callable[..., Any], implementation: str, module:
     substitution = getattr(module, "_torchbridge_substitution", None)
     kernel = route.kernel if route is not None else \
         substitution.kernel if substitution is not None else None
-    reason = _contract_misfit(implementation, module, args, kwargs)
+    reason = _contract_misfit(harmless, collector, module, args, kwargs)
     if kernel is None or reason is not None:
         if route is not None and reason is not None:
             route.fallbacks.append(reason)
@@ -112,14 +130,26 @@ class _RoutedInterface:
     "sdpa" (when it is transformers' own) and "eager" (the forward's default) come back
     routed through the op; everything else is the registry's answer."""
 
-    def __init__(self, registry: Any) -> None:
+    def __init__(self, registry: Any, eager: Any) -> None:
         self.registry = registry
+        self.collector = getattr(sys.modules.get("transformers.utils.output_capturing"),
+                                 "_active_collector", None)
+        self.sdpa = getattr(sys.modules.get("transformers.integrations.sdpa_attention"),
+                            "sdpa_attention_forward", None)
+        # The module's eager function, whose parameters say which keywords it reads.
+        self.eager = eager
+        self.eager_harmless = _HARMLESS
+        if callable(eager) and not _WINDOW & set(inspect.signature(eager).parameters):
+            self.eager_harmless = _HARMLESS | _WINDOW
 
     def _route(self, name: str, found: Callable[..., Any], default: Any) -> Any:
-        sdpa = getattr(sys.modules.get("transformers.integrations.sdpa_attention"),
-                       "sdpa_attention_forward", None)
-        if (name == "sdpa" and found is sdpa) or (name == "eager" and found is default):
-            return functools.partial(_routed_attention, found, name)
+        if name == "sdpa" and found is self.sdpa:
+            return functools.partial(_routed_attention, found, name, _HARMLESS | _WINDOW,
+                                     self.collector)
+        if name == "eager" and found is default:
+            harmless = self.eager_harmless if found is self.eager else _HARMLESS
+            return functools.partial(_routed_attention, found, name, harmless,
+                                     self.collector)
         return found
 
     def get_interface(self, attn_implementation: str, default: Callable[..., Any]) -> Any:
@@ -144,7 +174,12 @@ def _routed_forward(forward: types.FunctionType) -> Callable[..., Any]:
     routed = _ROUTED_FORWARDS.get(forward)
     if routed is None:
         namespace = dict(forward.__globals__)
-        namespace[_INTERFACE] = _RoutedInterface(forward.__globals__[_INTERFACE])
+        # Without a module name dynamo reads these globals from this dict, by id, not
+        # from the module the name would import (whose ALL_ATTENTION_FUNCTIONS is
+        # transformers' own).
+        namespace.pop("__name__", None)
+        namespace[_INTERFACE] = _RoutedInterface(
+            forward.__globals__[_INTERFACE], forward.__globals__.get("eager_attention_forward"))
         routed = types.FunctionType(forward.__code__, namespace, forward.__name__,
                                     forward.__defaults__, forward.__closure__)
         routed.__kwdefaults__ = forward.__kwdefaults__

@@ -68,6 +68,14 @@ def llama(attn: str = "sdpa", **extra: Any) -> nn.Module:
         attn_implementation=attn, **extra)).eval()
 
 
+def mistral(attn: str = "sdpa") -> nn.Module:
+    torch.manual_seed(0)  # a sliding window shorter than the sequence: the mask has it
+    return transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64,
+        sliding_window=4, attn_implementation=attn)).eval()
+
+
 def gpt2(attn: str = "sdpa") -> nn.Module:
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(
@@ -104,7 +112,7 @@ def logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         return model(**inputs).logits
 
 
-MODELS = {"llama": llama, "gpt2": gpt2, "bert": bert}
+MODELS = {"llama": llama, "mistral": mistral, "gpt2": gpt2, "bert": bert}
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -112,7 +120,7 @@ MODELS = {"llama": llama, "gpt2": gpt2, "bert": bert}
 def test_attention_modules_run_the_checked_implementation(
         plugin: CountingAttention, name: str, attn: str) -> None:
     model = MODELS[name](attn)
-    inputs = tokens(padded=name == "bert")
+    inputs = tokens(padded=name in ("bert", "mistral"))
     expected = logits(model, inputs)
 
     prepared = backend().prepare_model(model, "O3", sample_input=inputs)

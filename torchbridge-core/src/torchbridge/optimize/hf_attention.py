@@ -200,9 +200,24 @@ def _match(module: nn.Module) -> dict[str, Any] | None:
     hidden = getattr(config, "hidden_size", None)
     if not isinstance(hidden, int):
         return None
-    takes = inspect.signature(forward).parameters
     return {"forward": _routed_forward(forward), "hidden": hidden,
-            "rotary": "position_embeddings" in takes}
+            "parameters": _call_parameters(forward)}
+
+
+def _call_parameters(forward: types.FunctionType) -> list[tuple[str, Any]] | None:
+    """The positional parameters (name, default) a synthetic call fills, after the hidden
+    states: up to the last one that has no default or takes the rotary embeddings. None
+    when one of them is required and not one a synthetic call can give."""
+    parameters = [p for p in inspect.signature(forward).parameters.values()
+                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD][2:]  # self, hidden
+    needed = [i for i, p in enumerate(parameters)
+              if p.default is inspect.Parameter.empty or p.name == "position_embeddings"]
+    chosen = parameters[:needed[-1] + 1] if needed else []
+    if any(p.default is inspect.Parameter.empty and
+           p.name not in ("attention_mask", "position_embeddings") for p in chosen):
+        return None
+    return [(p.name, None if p.default is inspect.Parameter.empty else p.default)
+            for p in chosen]
 
 
 def _forward(module: nn.Module, kernel: Callable[..., Any], facts: dict[str, Any],
@@ -260,19 +275,30 @@ def _replay(module: nn.Module, facts: dict[str, Any], args: tuple[Any, ...],
 
 def _example_input(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype
                    ) -> tuple[Any, ...]:
-    """Hidden states (batch 2, sequence 8, hidden), and rotary cos/sin when the forward
-    takes position embeddings."""
+    """Hidden states (batch 2, sequence 8, hidden), no mask, rotary cos/sin where the
+    forward takes position embeddings, defaults between them."""
     device = module_device(module)
     hidden = torch.randn(2, 8, facts["hidden"], dtype=dtype, device=device)
-    if not facts["rotary"]:
-        return (hidden,)
+    if facts["parameters"] is None:
+        raise TypeError(f"{type(module).__name__}.forward needs arguments a synthetic "
+                        "call cannot give")
+    args: list[Any] = [hidden]
+    for name, default in facts["parameters"]:
+        args.append(_rotary(module, facts, dtype, device) if name == "position_embeddings"
+                    else default)
+    return tuple(args)
+
+
+def _rotary(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype,
+            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (2, 8, rotary width) of Hugging Face's rotate_half convention."""
     config = module.__dict__.get("config")
-    head_dim = getattr(module, "head_dim", None) or \
+    width = getattr(module, "rotary_ndims", None) or getattr(module, "head_dim", None) or \
         facts["hidden"] // int(getattr(config, "num_attention_heads", 1))
     angles = torch.arange(8, device=device, dtype=torch.float32)[:, None] * \
-        torch.logspace(0, -4, head_dim // 2 or 1, base=math.e, device=device)
+        torch.logspace(0, -4, width // 2 or 1, base=math.e, device=device)
     angles = torch.cat((angles, angles), dim=-1)[None].expand(2, -1, -1)
-    return (hidden, (angles.cos().to(dtype), angles.sin().to(dtype)))
+    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def _attention_output(output: Any) -> Any:

@@ -429,6 +429,16 @@ def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext
     return captured
 
 
+def _takes_keywords(pattern: ModulePattern) -> bool:
+    """Whether the pattern's forward takes keyword arguments (**kwargs): patterns written
+    for positional calls are checked on synthetic inputs when the captured call has some."""
+    try:
+        parameters = inspect.signature(pattern.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 def _parameter_dtype(module: nn.Module) -> torch.dtype:
     # The ops have no autocast rule: a norm on a float32 residual stream runs in float32
     # under autocast too. The gate runs under the model's autocast all the same.
@@ -458,6 +468,8 @@ def _substitute_with(model: nn.Module, ctx: PassContext, gate: _Gate) -> nn.Modu
                           "input (another code path computes it)")
             continue
         call = captured.call(module)
+        if call is not None and call[1] and not _takes_keywords(pattern):
+            call = None  # keyword arguments its forward cannot take: synthetic inputs
         if call is not None and pattern.replay is not None:
             call = pattern.replay(module, facts, *call)
         args, kwargs = call or (pattern.example_input(

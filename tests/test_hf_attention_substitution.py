@@ -16,6 +16,7 @@ import torchbridge
 from torch import nn
 from torchbridge import KernelImplementation
 from torchbridge.kernels import REFERENCE_KERNELS
+from torchbridge.levels import LEVEL_TOLERANCE
 
 transformers = pytest.importorskip("transformers")
 
@@ -137,6 +138,21 @@ def test_attention_modules_run_the_checked_implementation(
     assert model.config._attn_implementation == prepared.config._attn_implementation == attn
     assert all(not getattr(type(m), "_torchbridge_substituted", False)
                for m in model.modules())
+
+
+def test_under_the_levels_autocast_too(plugin: CountingAttention) -> None:
+    # O3 as it comes on this CPU (bf16 autocast, bf16 weights), compile aside: the
+    # checks run the captured bf16 call under the same autocast.
+    model = llama()
+    inputs = tokens()
+    prepared = backend(disabled_passes=["compile"]).prepare_model(model, "O3",
+                                                                   sample_input=inputs)
+    assert {r["status"] for r in attention_records(prepared).values()} == {"substituted"}
+    plugin.calls.clear()
+    ours, theirs = logits(prepared, inputs), logits(model, inputs)
+    assert len(plugin.calls) == 2
+    error = ((ours - theirs).abs().max() / theirs.abs().max()).item()
+    assert error <= LEVEL_TOLERANCE["O3"]
 
 
 def test_without_a_sample_input_synthetic_calls_are_checked(plugin: CountingAttention

@@ -290,3 +290,66 @@ def test_a_substituted_model_compiles_with_fullgraph(plugin: CountingAttention) 
         out = compiled(**inputs, use_cache=False).logits
     torch.testing.assert_close(out, logits(model, inputs), rtol=1e-4, atol=1e-5)
     assert len(plugin.calls) == 2  # the implementation runs inside its own op
+
+
+def test_t5_attention_with_its_position_bias_is_kept(plugin: CountingAttention) -> None:
+    # Checked on synthetic calls (no sample input): the position bias falls back.
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=1, num_heads=4,
+        decoder_start_token_id=0)).eval()
+    prepared = backend().prepare_model(model, "O3")
+    records = attention_records(prepared)
+    assert records and {r["status"] for r in records.values()} == {"kept"}
+    inputs = {**tokens(), "decoder_input_ids": tokens()["input_ids"][:, :5]}
+    torch.testing.assert_close(logits(prepared, inputs), logits(model, inputs))
+
+
+ALL_ATTENTION_FUNCTIONS = transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS
+
+
+class CrossAttention(nn.Module):
+    """Written the way transformers' attention modules are, outside transformers; its
+    forward needs an argument no synthetic call can make up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = transformers.PretrainedConfig(hidden_size=32)
+        self.config._attn_implementation = "sdpa"
+        self.is_causal = False
+        self.q, self.kv = nn.Linear(32, 32), nn.Linear(32, 64)
+
+    def forward(self, hidden: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        batch, length = hidden.shape[:2]
+        q = self.q(hidden).view(batch, length, 4, 8).transpose(1, 2)
+        k, v = (t.view(batch, memory.shape[1], 4, 8).transpose(1, 2)
+                for t in self.kv(memory).chunk(2, dim=-1))
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                          None)
+        out, _ = attention(self, q, k, v, None, scaling=8 ** -0.5)
+        return out.reshape(batch, length, 32)
+
+
+class Decoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cross = CrossAttention()
+
+    def forward(self, hidden: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.cross(hidden, memory)
+        return out
+
+
+def test_modules_are_recognised_by_structure(plugin: CountingAttention) -> None:
+    torch.manual_seed(0)
+    model = Decoder().eval()
+    hidden, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    kept = attention_records(backend().prepare_model(model, "O3"))["cross"]
+    assert kept["status"] == "kept" and "could not run its check" in kept["detail"]
+
+    prepared = backend().prepare_model(model, "O3", sample_input=(hidden, memory))
+    assert attention_records(prepared)["cross"]["status"] == "substituted"
+    plugin.calls.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(prepared(hidden, memory), model(hidden, memory))
+    assert plugin.calls == [(5, 7)]

@@ -301,22 +301,31 @@ class _Gate:
         return _Verdict(True, f"max rel error {error:.2g}")
 
     def formula_error(self, module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
-                      args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
-                      ) -> tuple[float, Any]:
+                      args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+                      captured: bool = False) -> tuple[float, Any]:
         """(how far the pattern's forward with the reference is from the module's own
         output, the pattern's output on the call): on the call, and on a shifted synthetic
-        input in the module's dtype."""
+        input in the module's dtype. With `captured`, a module no synthetic input can call
+        (its forward needs more than the pattern can make up) is checked on the call alone."""
         kwargs = kwargs or {}
         reference = bind(None, None, pattern.op)
-        probe = _shifted(pattern.example_input(module, facts, _parameter_dtype(module)))
+        try:
+            probe: tuple[Any, ...] | None = _shifted(
+                pattern.example_input(module, facts, _parameter_dtype(module)))
+        except Exception:
+            if not captured:
+                raise
+            probe = None
         with torch.no_grad():
             reference_out = self.run(pattern.forward, module, reference, facts, *args,
                                      **kwargs)
             error = relative_error(_compared(pattern, reference_out),
                                    _compared(pattern, self.run(module, *args, **kwargs)))
-            error = max(error, relative_error(
-                _compared(pattern, self.run(pattern.forward, module, reference, facts, *probe)),
-                _compared(pattern, self.run(module, *probe))))
+            if probe is not None:
+                error = max(error, relative_error(
+                    _compared(pattern, self.run(pattern.forward, module, reference, facts,
+                                                *probe)),
+                    _compared(pattern, self.run(module, *probe))))
         return error, reference_out
 
 
@@ -470,17 +479,17 @@ def _substitute_with(model: nn.Module, ctx: PassContext, gate: _Gate) -> nn.Modu
         call = captured.call(module)
         if call is not None and call[1] and not _takes_keywords(pattern):
             call = None  # keyword arguments its forward cannot take: synthetic inputs
-        if call is not None and pattern.replay is not None:
-            call = pattern.replay(module, facts, *call)
-        args, kwargs = call or (pattern.example_input(
-            module, facts, _parameter_dtype(module)), {})
         try:
+            if call is not None and pattern.replay is not None:
+                call = pattern.replay(module, facts, *call)
+            args, kwargs = call or (pattern.example_input(
+                module, facts, _parameter_dtype(module)), {})
             # Under the model's autocast, as the other runs: a misfit may run the forward.
             misfit = gate.run(pattern.misfit, module, facts, *args, **kwargs) \
                 if pattern.misfit else None
             if misfit is None:
                 error, reference_out = gate.formula_error(module, pattern, facts, args,
-                                                          kwargs)
+                                                          kwargs, call is not None)
         except Exception as exc:  # the pattern's code on a call it did not foresee
             record.update(status="kept", detail=f"the {pattern.name} pattern could not run "
                           f"its check: {type(exc).__name__}: {exc}")

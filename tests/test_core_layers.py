@@ -123,6 +123,9 @@ LAYERS = [
     {"torchbridge.kernels.implementations"},
     {"torchbridge.kernels.choice", "torchbridge.kernels.fp8_linear"},
     {"torchbridge.kernels"},
+    # Module patterns: structure only; the Hugging Face one reads the ops.
+    {"torchbridge.optimize.kernel_patterns"},
+    {"torchbridge.optimize.hf_attention"},
 ]
 
 

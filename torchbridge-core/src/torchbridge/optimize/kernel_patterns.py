@@ -35,8 +35,13 @@ class ModulePattern:
         `kernel(...)` with the op's arguments.
     example_input(module, facts, dtype) -> args: a small synthetic input of the module's
         width, for models prepared without a sample input.
-    misfit(module, facts, *args) -> reason | None: why a call (the captured one) would not
-        reach the op (the forward then runs the module's own code); such a module is kept.
+    misfit(module, facts, *args, **kwargs) -> reason | None: why a call (the captured
+        one) would not reach the op (the forward then runs the module's own code); such a
+        module is kept.
+    replay(module, facts, args, kwargs) -> (args, kwargs): the captured call as the checks
+        replay it, several times (e.g. without a KV cache object each replay would grow).
+    compared(output) -> the part of the module's output the op computes, which the checks
+        compare (e.g. an attention output without the weights nobody asked for).
     """
 
     name: str
@@ -46,6 +51,8 @@ class ModulePattern:
     example_input: Callable[[nn.Module, dict[str, Any], torch.dtype], tuple[Any, ...]]
     description: str = ""
     misfit: Callable[..., str | None] | None = None
+    replay: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]] | None = None
+    compared: Callable[[Any], Any] | None = None
 
 
 # --- rms_norm --------------------------------------------------------------------------

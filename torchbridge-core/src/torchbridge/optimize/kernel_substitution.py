@@ -48,6 +48,7 @@ from torchbridge.kernels.implementations import (
     decline_reason,
     first_floating_dtype,
 )
+from torchbridge.optimize.hf_attention import HF_ATTENTION
 from torchbridge.optimize.kernel_patterns import BUILTIN_PATTERNS, ModulePattern
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 from torchbridge.plugins import get_plugin_host
@@ -138,11 +139,13 @@ def _tolerance(dtype: torch.dtype, ctx: PassContext) -> float:
     return max(tol, TOLERANCES.get(autocast, tol)) if autocast is not None else tol
 
 
-def _signature(values: Any) -> tuple[Any, ...]:
+def _signature(values: Any, keywords: dict[str, Any] | None = None) -> tuple[Any, ...]:
     """What identifies a call for sharing verdicts: tensors by shape and dtype (None for
-    absent ones), other values by repr."""
-    return tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v)
-                 for v in values)
+    absent ones), other values by repr; keyword arguments by name too."""
+    def one(v: Any) -> Any:
+        return (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v)
+    return tuple(one(v) for v in values) + tuple(
+        (k, one(v)) for k, v in sorted((keywords or {}).items()))
 
 
 def _shifted(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -154,6 +157,8 @@ def _shifted(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _gradients(run: Callable[..., Any], args: tuple[Any, ...], module: nn.Module,
                grad_seed: int) -> list[torch.Tensor | None]:
+    """Gradients of `run(*args)` (keyword arguments bound into `run`) with respect to the
+    floating positional inputs and the module's parameters, for seeded output grads."""
     inputs = [a.detach().clone().requires_grad_(True)
               if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
     out = run(*inputs)
@@ -221,9 +226,9 @@ class _Gate:
             torch.manual_seed(0)
             yield
 
-    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         with self._isolated():
-            return fn(*args)
+            return fn(*args, **kwargs)
 
     def seconds(self, fn: Callable[[], Any], repeats: int = 15) -> float:
         """Median seconds per call, the device synchronised around each."""
@@ -240,22 +245,24 @@ class _Gate:
         return statistics.median(times)
 
     def check(self, module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
-              candidate: Candidate, args: tuple[Any, ...], reference_out: Any) -> _Verdict:
+              candidate: Candidate, args: tuple[Any, ...], reference_out: Any,
+              kwargs: dict[str, Any] | None = None) -> _Verdict:
+        kwargs = kwargs or {}
         recorder = _Recorder(bind(None, None, pattern.op))
         with torch.no_grad():
-            self.run(pattern.forward, module, recorder, facts, *args)
+            self.run(pattern.forward, module, recorder, facts, *args, **kwargs)
         op_call = recorder.calls[0] if recorder.calls else ()
         key = (candidate.provider, candidate.implementation.name, pattern.name,
-               self.ctx.training, _signature(args), _signature(op_call))
+               self.ctx.training, _signature(args, kwargs), _signature(op_call))
         known = self.verdicts.get(key)
         if known is None:
             known = self.verdicts[key] = self._check(module, pattern, facts, candidate, args,
-                                                     reference_out, op_call)
+                                                     reference_out, op_call, kwargs)
         return known
 
     def _check(self, module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
                candidate: Candidate, args: tuple[Any, ...], reference_out: Any,
-               op_call: tuple[Any, ...]) -> _Verdict:
+               op_call: tuple[Any, ...], kwargs: dict[str, Any]) -> _Verdict:
         impl = candidate.implementation
         declined = decline_reason(impl, op_call) if op_call else None
         if declined is not None:
@@ -266,23 +273,24 @@ class _Gate:
         tol = _tolerance(dtype, self.ctx)
         try:
             with torch.no_grad():
-                out = self.run(pattern.forward, module, kernel, facts, *args)
-            error = relative_error(out, reference_out)
+                out = self.run(pattern.forward, module, kernel, facts, *args, **kwargs)
+            error = relative_error(_compared(pattern, out), _compared(pattern, reference_out))
             if not error <= tol:
                 return _Verdict(False, f"differs from the reference by {error:.3g} "
                                        f"(tolerance {tol:g} in {dtype})")
             if self.ctx.training:
-                theirs = self.run(_gradients, lambda *a: pattern.forward(
-                    module, kernel, facts, *a), args, module, 0)
-                ours = self.run(_gradients, lambda *a: pattern.forward(
-                    module, reference, facts, *a), args, module, 0)
+                theirs = self.run(_gradients, lambda *a: _compared(pattern, pattern.forward(
+                    module, kernel, facts, *a, **kwargs)), args, module, 0)
+                ours = self.run(_gradients, lambda *a: _compared(pattern, pattern.forward(
+                    module, reference, facts, *a, **kwargs)), args, module, 0)
                 error = relative_error(theirs, ours)
                 if not error <= tol:
                     return _Verdict(False, f"gradients differ from the reference's by "
                                            f"{error:.3g} (tolerance {tol:g} in {dtype})")
             if self.measure:
-                fast = self.seconds(lambda: pattern.forward(module, kernel, facts, *args))
-                slow = self.seconds(lambda: module.forward(*args))
+                fast = self.seconds(lambda: pattern.forward(module, kernel, facts, *args,
+                                                            **kwargs))
+                slow = self.seconds(lambda: module.forward(*args, **kwargs))
                 if fast > slow:
                     return _Verdict(False, f"slower than the module's own code ({fast * 1e6:.0f}"
                                            f" us vs {slow * 1e6:.0f} us)")
@@ -293,19 +301,36 @@ class _Gate:
         return _Verdict(True, f"max rel error {error:.2g}")
 
     def formula_error(self, module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
-                      args: tuple[Any, ...]) -> tuple[float, Any]:
+                      args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+                      captured: bool = False) -> tuple[float, Any]:
         """(how far the pattern's forward with the reference is from the module's own
-        output, the pattern's output on `args`): on `args`, and on a shifted synthetic
-        input in the module's dtype."""
+        output, the pattern's output on the call): on the call, and on a shifted synthetic
+        input in the module's dtype. With `captured`, a module no synthetic input can call
+        (its forward needs more than the pattern can make up) is checked on the call alone."""
+        kwargs = kwargs or {}
         reference = bind(None, None, pattern.op)
-        probe = _shifted(pattern.example_input(module, facts, _parameter_dtype(module)))
+        try:
+            probe: tuple[Any, ...] | None = _shifted(
+                pattern.example_input(module, facts, _parameter_dtype(module)))
+        except Exception:
+            if not captured:
+                raise
+            probe = None
         with torch.no_grad():
-            reference_out = self.run(pattern.forward, module, reference, facts, *args)
-            error = relative_error(reference_out, self.run(module, *args))
-            error = max(error, relative_error(
-                self.run(pattern.forward, module, reference, facts, *probe),
-                self.run(module, *probe)))
+            reference_out = self.run(pattern.forward, module, reference, facts, *args,
+                                     **kwargs)
+            error = relative_error(_compared(pattern, reference_out),
+                                   _compared(pattern, self.run(module, *args, **kwargs)))
+            if probe is not None:
+                error = max(error, relative_error(
+                    _compared(pattern, self.run(pattern.forward, module, reference, facts,
+                                                *probe)),
+                    _compared(pattern, self.run(module, *probe))))
         return error, reference_out
+
+
+def _compared(pattern: ModulePattern, output: Any) -> Any:
+    return output if pattern.compared is None else pattern.compared(output)
 
 
 # --- the pass ------------------------------------------------------------------------------
@@ -324,7 +349,7 @@ def module_patterns(ctx: PassContext) -> list[tuple[str, ModulePattern]]:
     for plugin, patterns in host.call_each("torchbridge_module_patterns",
                                            check=_pattern_problem, backend=ctx.backend):
         found.extend((plugin, p) for p in patterns)
-    found.extend(("torchbridge", p) for p in BUILTIN_PATTERNS)
+    found.extend(("torchbridge", p) for p in (*BUILTIN_PATTERNS, HF_ATTENTION))
     return found
 
 
@@ -348,16 +373,20 @@ def _matches(model: nn.Module, ctx: PassContext
     return found
 
 
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
 @dataclass
 class _Captured:
-    """The modules the sample run called (by id), and their positional inputs: one copy
-    per input signature, shared by the modules that were called with that signature."""
+    """The modules the sample run called (by id), and their inputs (positional, and the
+    keywords a `**kwargs` parameter takes): one copy per input signature, shared by the
+    modules that were called with that signature."""
 
     ran: set[int] = field(default_factory=set)
     signature_of: dict[int, tuple[Any, ...]] = field(default_factory=dict)
-    inputs: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict)
+    inputs: dict[tuple[Any, ...], Call] = field(default_factory=dict)
 
-    def args(self, module: nn.Module) -> tuple[Any, ...] | None:
+    def call(self, module: nn.Module) -> Call | None:
         signature = self.signature_of.get(id(module))
         return None if signature is None else self.inputs[signature]
 
@@ -371,22 +400,25 @@ def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext
 
     captured = _Captured()
 
+    def copy(value: Any) -> Any:
+        return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         captured.ran.add(id(module))
+        keywords: dict[str, Any] = {}
         if kwargs:  # keywords become positions where the forward's signature allows
             try:
                 bound = inspect.signature(module.forward).bind(*args, **kwargs)
             except TypeError:
                 return
-            if bound.kwargs:
-                return  # keyword-only arguments: checked on synthetic inputs instead
-            args = bound.args
+            args, keywords = bound.args, bound.kwargs
         if not args or id(module) in captured.signature_of:
             return
-        signature = (type(module), _signature(args))
+        signature = (type(module), _signature(args, keywords))
         captured.signature_of[id(module)] = signature
-        captured.inputs.setdefault(signature, tuple(
-            a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args))
+        captured.inputs.setdefault(signature, (
+            tuple(torch.utils._pytree.tree_map(copy, a) for a in args),
+            {k: torch.utils._pytree.tree_map(copy, v) for k, v in keywords.items()}))
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
     modes = {m: m.training for m in model.modules()}
@@ -404,6 +436,16 @@ def _capture_inputs(model: nn.Module, modules: list[nn.Module], ctx: PassContext
         for m, training in modes.items():
             m.training = training
     return captured
+
+
+def _takes_keywords(pattern: ModulePattern) -> bool:
+    """Whether the pattern's forward takes keyword arguments (**kwargs): patterns written
+    for positional calls are checked on synthetic inputs when the captured call has some."""
+    try:
+        parameters = inspect.signature(pattern.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _parameter_dtype(module: nn.Module) -> torch.dtype:
@@ -434,14 +476,28 @@ def _substitute_with(model: nn.Module, ctx: PassContext, gate: _Gate) -> nn.Modu
             record.update(status="kept", detail="not called when the model ran the sample "
                           "input (another code path computes it)")
             continue
-        args = captured.args(module) or pattern.example_input(
-            module, facts, _parameter_dtype(module))
-        misfit = pattern.misfit(module, facts, *args) if pattern.misfit else None
+        call = captured.call(module)
+        if call is not None and call[1] and not _takes_keywords(pattern):
+            call = None  # keyword arguments its forward cannot take: synthetic inputs
+        try:
+            if call is not None and pattern.replay is not None:
+                call = pattern.replay(module, facts, *call)
+            args, kwargs = call or (pattern.example_input(
+                module, facts, _parameter_dtype(module)), {})
+            # Under the model's autocast, as the other runs: a misfit may run the forward.
+            misfit = gate.run(pattern.misfit, module, facts, *args, **kwargs) \
+                if pattern.misfit else None
+            if misfit is None:
+                error, reference_out = gate.formula_error(module, pattern, facts, args,
+                                                          kwargs, call is not None)
+        except Exception as exc:  # the pattern's code on a call it did not foresee
+            record.update(status="kept", detail=f"the {pattern.name} pattern could not run "
+                          f"its check: {type(exc).__name__}: {exc}")
+            continue
         if misfit is not None:
             record.update(status="kept", detail=f"the op's contract does not fit: {misfit}")
             continue
         dtype = first_floating_dtype(args) or torch.float32
-        error, reference_out = gate.formula_error(module, pattern, facts, args)
         if not error <= _tolerance(dtype, ctx):
             record.update(status="kept", detail=f"not a {pattern.name}: its output differs "
                           f"from the {pattern.op} formula by {error:.3g}")
@@ -453,7 +509,8 @@ def _substitute_with(model: nn.Module, ctx: PassContext, gate: _Gate) -> nn.Modu
                 info=ctx.device_info)
         rejected = choice.reasons()
         for candidate in choice.eligible:
-            verdict = gate.check(module, pattern, facts, candidate, args, reference_out)
+            verdict = gate.check(module, pattern, facts, candidate, args, reference_out,
+                                 kwargs)
             label = f"{candidate.implementation.name} (plugin {candidate.provider})"
             if not verdict.ok:
                 rejected.append(f"{label}: {verdict.detail}")

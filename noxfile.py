@@ -17,7 +17,9 @@ TORCH = ["torch==2.13.0", "numpy"]
 # Optional integrations the tests exercise (never dependencies of the core): Lightning,
 # hypothesis, and transformers (tests/test_hf_models.py skips without it; also for
 # `torchbridge bench --suite hf`).
-HF = "transformers>=4.50"
+# The HF tests reach into transformers 5.x internals (its attention registry): a range
+# CI has passed; move it when a newer transformers passes tests/test_hf_*.py.
+HF = "transformers>=5.0,<5.24"
 TEST_EXTRAS = ["lightning>=2.4,<3", "hypothesis>=6.100", HF]
 # The meta-distribution with every extra, resolved against the local plugin folders.
 PACKAGES = ["./torchbridge-core", "./plugins/nvidia", "./plugins/amd", "./plugins/intel",
@@ -63,7 +65,7 @@ def tests_kernels(session: nox.Session) -> None:
     in a subprocess without the interpreter, every Triton kernel compiled ahead of time for
     sm_80, sm_90 and gfx942."""
     install_torchbridge(session, "./tests/example_plugin", "./tests/misbehaving_plugins",
-                        "./tests/misbehaving_twin", TRITON, "numba", "transformers", "pytest")
+                        "./tests/misbehaving_twin", TRITON, "numba", HF, "pytest")
     session.run("pytest", "tests/kernels", *session.posargs,
                 env={"TRITON_INTERPRET": "1", "NUMBA_ENABLE_CUDASIM": "1"})
 

@@ -165,13 +165,22 @@ def _compile_check(model: nn.Module, ctx: PassContext) -> str | None:
 
 
 def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
-    options: dict[str, Any] = ctx.state.get("compile_options", {})
+    options: dict[str, Any] = dict(ctx.state.get("compile_options", {}))
     backend: str = ctx.state.get("compile_backend", "inductor")
+    # torch.compile(options={"freezing": True}) compiles without freezing (torch 2.9 and
+    # 2.13: the generated code still takes every weight as an input); inductor reads
+    # freezing from its global config when it compiles, so the forward sets it there
+    # around its compiled calls (tests/test_passes_cpu.py checks the weights are folded).
+    inductor_config = {"freezing": options.pop("freezing")} if "freezing" in options \
+        else None
     compiled_forward(model, lambda fn: torch.compile(fn, backend=backend,
-                                                     options=options or None))
+                                                     options=options or None),
+                     inductor_config)
     when = "compiled on the sample input inside prepare_model" if ctx.sample_input is not None \
         else "the first call compiles; if that fails the model runs uncompiled, with a warning"
-    ctx.notes.append(f"compile: torch.compile(backend={backend!r}, options={options}); {when}")
+    settings = f", inductor config {inductor_config}" if inductor_config else ""
+    ctx.notes.append(f"compile: torch.compile(backend={backend!r}, options={options}"
+                     f"{settings}); {when}")
     return model
 
 

@@ -13,6 +13,7 @@ models sharing one forward function would run uncompiled from the ninth on.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
@@ -103,8 +104,8 @@ def call_signature(args: tuple[Any, ...], kwargs: dict[str, Any]
     return len(args), frozenset(k for k, v in kwargs.items() if v is not None)
 
 
-def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], Any]
-                     ) -> CompileState:
+def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], Any],
+                     inductor_config: dict[str, Any] | None = None) -> CompileState:
     """Forward compiled by `compile(fn)`. Compiling happens at the first call; if the
     compiled forward raises where the uncompiled one runs, the model keeps running
     uncompiled, with one logged warning, and `state.error` holds the compile error.
@@ -114,7 +115,10 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
     uncompiled forward. HF `generate()` calls forward with a KV cache, cache positions and
     a shape that grows every step: compiled, each step recompiled or failed guards
     (measured: 0.07x eager tokens per second); uncompiled, decoding runs as the prepared
-    but uncompiled model does, while the calls it was prepared for stay compiled."""
+    but uncompiled model does, while the calls it was prepared for stay compiled.
+
+    `inductor_config`: settings of torch._inductor.config in force around every compiled
+    call, so around every compile and recompile (see core_passes._compile for why)."""
     state = CompileState()
 
     def make(inner: Callable[..., Any]) -> Callable[..., Any]:
@@ -130,7 +134,8 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
             if state.error is not None or signature != state.signature:
                 return inner(*args, **kwargs)
             try:
-                return compiled(*args, **kwargs)
+                with _patched_inductor(inductor_config):
+                    return compiled(*args, **kwargs)
             except Exception as exc:
                 out = inner(*args, **kwargs)  # raises the model's own error if it has one
                 state.error = exc
@@ -140,8 +145,17 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
                 return out
         return forward
 
-    install_forward(model, make, lambda twin: compiled_forward(twin, compile))
+    install_forward(model, make,
+                    lambda twin: compiled_forward(twin, compile, inductor_config))
     return state
+
+
+def _patched_inductor(settings: dict[str, Any] | None) -> contextlib.AbstractContextManager[Any]:
+    if not settings:
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(settings)  # type: ignore[no-any-return]
 
 
 def compile_state(model: nn.Module) -> CompileState | None:

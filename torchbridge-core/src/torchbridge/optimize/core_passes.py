@@ -167,7 +167,7 @@ def _compile_check(model: nn.Module, ctx: PassContext) -> str | None:
 def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
     options: dict[str, Any] = dict(ctx.state.get("compile_options", {}))
     backend: str = ctx.state.get("compile_backend", "inductor")
-    # torch.compile(options={"freezing": True}) compiles without freezing (torch 2.9 and
+    # torch.compile(options={"freezing": True}) compiles without freezing (seen on torch
     # 2.13: the generated code still takes every weight as an input); inductor reads
     # freezing from its global config when it compiles, so the forward sets it there
     # around its compiled calls (tests/test_passes_cpu.py checks the weights are folded).

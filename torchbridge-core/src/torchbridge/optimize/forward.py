@@ -18,7 +18,7 @@ import copy
 import functools
 import logging
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -150,12 +150,23 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
     return state
 
 
-def _patched_inductor(settings: dict[str, Any] | None) -> contextlib.AbstractContextManager[Any]:
+@contextlib.contextmanager
+def _patched_inductor(settings: dict[str, Any] | None) -> Iterator[None]:
+    # On every call of a prepared model: set and restore the few settings directly
+    # (about 4 us) rather than through inductor_config.patch (about 16 us).
     if not settings:
-        return contextlib.nullcontext()
+        yield
+        return
     import torch._inductor.config as inductor_config
 
-    return inductor_config.patch(settings)  # type: ignore[no-any-return]
+    saved = {name: getattr(inductor_config, name) for name in settings}
+    for name, value in settings.items():
+        setattr(inductor_config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(inductor_config, name, value)
 
 
 def compile_state(model: nn.Module) -> CompileState | None:

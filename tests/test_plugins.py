@@ -237,3 +237,14 @@ def test_a_new_device_type_must_be_declared_through_torch() -> None:
     assert "device_type 'acmenpu' is not a torch device type; declare it first" in out
     assert "declared offered: True acmenpu" in out
     assert "best: acme" in out  # priority 50 beats cpu's 0
+
+
+def test_pci_bus_id_from_device_properties() -> None:
+    from types import SimpleNamespace
+
+    from torchbridge.devices import pci_bus_id
+
+    props = SimpleNamespace(pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0)
+    assert pci_bus_id(props) == "0000:3b:00.0"
+    # torch before 2.6 has no PCI fields: the vendor library falls back to the index.
+    assert pci_bus_id(SimpleNamespace(name="H100")) is None

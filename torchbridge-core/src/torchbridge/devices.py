@@ -78,3 +78,14 @@ def declare_device_type(name: str) -> None:
 
     rename_privateuse1_backend(name)
     logger.info("declared device type %r (torch PrivateUse1)", name)
+
+
+def pci_bus_id(props: Any) -> str | None:
+    """The PCI address ("0000:3b:00.0") of a device from its torch device properties, to
+    find the same GPU in a vendor's management library (NVML, amdsmi), whose numbering may
+    differ from torch's; None where this torch does not expose it (before 2.6)."""
+    location = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+    if None in location:
+        return None
+    domain, bus, device = location
+    return f"{domain:04x}:{bus:02x}:{device:02x}.0"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torchbridge.devices import pci_bus_id
 from torchbridge.types import ProbeResult
 
 logger = logging.getLogger(__name__)
@@ -43,14 +44,8 @@ class ROCmProperties:
 
 def device_properties(index: int) -> ROCmProperties:
     props = torch.cuda.get_device_properties(index)
-    # torch >= 2.6 exposes the PCI location; without it amdsmi falls back to the index.
-    location = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
-    pci = None
-    if None not in location:
-        domain, bus, device = location
-        pci = f"{domain:04x}:{bus:02x}:{device:02x}.0"
     return ROCmProperties(props.name, props.gcnArchName, props.multi_processor_count,
-                          props.total_memory, pci)
+                          props.total_memory, pci_bus_id(props))
 
 
 def build_arch_list() -> tuple[str, ...]:

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from torchbridge.devices import pci_bus_id
 from torchbridge.types import ProbeResult
 
 logger = logging.getLogger(__name__)
@@ -43,14 +44,8 @@ class CUDAProperties:
 
 def device_properties(index: int) -> CUDAProperties:
     props = torch.cuda.get_device_properties(index)
-    # torch >= 2.6 exposes the PCI location; older builds leave NVML to use the index.
-    location = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
-    pci = None
-    if None not in location:
-        domain, bus, device = location
-        pci = f"{domain:04x}:{bus:02x}:{device:02x}.0"
     return CUDAProperties(props.name, props.major, props.minor, props.multi_processor_count,
-                          props.total_memory, pci)
+                          props.total_memory, pci_bus_id(props))
 
 
 def mem_get_info(index: int) -> tuple[int, int]:

@@ -159,3 +159,11 @@ class MemoryStats:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+class DeviceCount(int):
+    """An int that can also be called, for the vendor device managers: the seeds use both
+    `manager.device_count` and `manager.device_count()`."""
+
+    def __call__(self) -> int:
+        return int(self)

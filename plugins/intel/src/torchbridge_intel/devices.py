@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 import torch
-from torchbridge.types import DeviceInfo
+from torchbridge.types import DeviceCount, DeviceInfo
 
 from torchbridge_intel import probe
 from torchbridge_intel.errors import XPUDeviceError, XPUNotAvailableError
@@ -93,14 +93,6 @@ def describe_device(index: int, backend_name: str = "xpu", section: Any = None) 
     )
 
 
-class _DeviceCount(int):
-    """An int that can also be called: the seeds use both `manager.device_count` and
-    `manager.device_count()`."""
-
-    def __call__(self) -> int:
-        return int(self)
-
-
 class XPUDeviceManager:
     """The visible Intel GPUs: count, properties, telemetry, current device."""
 
@@ -112,7 +104,7 @@ class XPUDeviceManager:
 
     @property
     def device_count(self) -> int:
-        return _DeviceCount(self._count)
+        return DeviceCount(self._count)
 
     def _check(self, index: int) -> int:
         if not isinstance(index, int) or not 0 <= index < self._count:

@@ -3,21 +3,11 @@ config.hardware.intel and the Intel OutOfMemoryError."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from torchbridge.memory import MemoryManager
+from torchbridge.backends import SeedMemoryManager
 
 from torchbridge_intel.errors import OutOfMemoryError
 
 
-class IntelMemoryManager(MemoryManager):
+class IntelMemoryManager(SeedMemoryManager):
+    backend_name = "xpu"
     oom_error = OutOfMemoryError
-
-    def __init__(self, backend: Any = None, config: Any = None) -> None:
-        if backend is None:
-            from torchbridge.backend import get_backend
-
-            backend = get_backend("xpu", config)
-        section = backend.hardware_config
-        super().__init__(backend, pool_max_tensors=section.pool_max_tensors,
-                         pool_max_bytes=section.pool_max_bytes)

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 import torch
-from torchbridge.types import DeviceInfo
+from torchbridge.types import DeviceCount, DeviceInfo
 
 from torchbridge_nvidia import probe
 from torchbridge_nvidia.architecture import NVIDIAArchitecture, architecture_of, precision_policy
@@ -42,14 +42,6 @@ def describe_device(index: int, backend_name: str = "cuda") -> DeviceInfo:
     )
 
 
-class _DeviceCount(int):
-    """An int that can also be called: the seeds use both `manager.device_count` and
-    `manager.device_count()`."""
-
-    def __call__(self) -> int:
-        return int(self)
-
-
 class CUDADeviceManager:
     """The visible NVIDIA GPUs: count, properties, utilization, current device."""
 
@@ -62,7 +54,7 @@ class CUDADeviceManager:
 
     @property
     def device_count(self) -> int:
-        return _DeviceCount(self._count)
+        return DeviceCount(self._count)
 
     def _check(self, index: int) -> int:
         if not isinstance(index, int) or not 0 <= index < self._count:

@@ -3,21 +3,11 @@ config.hardware.nvidia and the NVIDIA OutOfMemoryError."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from torchbridge.memory import MemoryManager
+from torchbridge.backends import SeedMemoryManager
 
 from torchbridge_nvidia.errors import OutOfMemoryError
 
 
-class NVIDIAMemoryManager(MemoryManager):
+class NVIDIAMemoryManager(SeedMemoryManager):
+    backend_name = "cuda"
     oom_error = OutOfMemoryError
-
-    def __init__(self, backend: Any = None, config: Any = None) -> None:
-        if backend is None:
-            from torchbridge.backend import get_backend
-
-            backend = get_backend("cuda", config)
-        section = backend.hardware_config
-        super().__init__(backend, pool_max_tensors=section.pool_max_tensors,
-                         pool_max_bytes=section.pool_max_bytes)

@@ -9,6 +9,7 @@ from typing import Any
 from torchbridge.backend import Backend, get_backend
 from torchbridge.config import TorchBridgeConfig
 from torchbridge.errors import BackendUnavailableError
+from torchbridge.memory import MemoryManager
 from torchbridge.selection import backend_status, detect_best_backend, list_backends
 
 
@@ -57,6 +58,22 @@ class SeedOptimizer:
                                      measure=measure, **kwargs)
 
 
+class SeedMemoryManager(MemoryManager):
+    """The seeds' `<Vendor>MemoryManager(backend)` / `<Vendor>MemoryManager(config=...)`:
+    the core's MemoryManager on the vendor's backend, with the pool limits of the vendor's
+    config section. A vendor plugin subclasses it naming `backend_name` and its own
+    `oom_error`."""
+
+    backend_name: str
+
+    def __init__(self, backend: Backend | None = None, config: Any = None) -> None:
+        if backend is None:
+            backend = get_backend(self.backend_name, config)
+        section = backend.hardware_config
+        super().__init__(backend, pool_max_tensors=section.pool_max_tensors,
+                         pool_max_bytes=section.pool_max_bytes)
+
+
 class BackendFactory:
     """The seeds' factory: `BackendFactory.create("cuda")`."""
 
@@ -69,5 +86,5 @@ class BackendFactory:
         return [s.name for s in list_backends() if s.available]
 
 
-__all__ = ["Backend", "BackendFactory", "CPUBackend", "SeedOptimizer", "detect_best_backend",
-           "named_backend_class"]
+__all__ = ["Backend", "BackendFactory", "CPUBackend", "SeedMemoryManager",
+           "SeedOptimizer", "detect_best_backend", "named_backend_class"]

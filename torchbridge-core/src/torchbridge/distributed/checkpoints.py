@@ -44,21 +44,27 @@ def _one_process_quietly() -> Iterator[None]:
         yield
 
 
+def _state(inner: nn.Module, optimizer: Any) -> dict[str, Any]:
+    """What a distributed checkpoint holds: {"model": ...} and, with an optimizer,
+    "optimizer": ..., as torch.distributed.checkpoint's state-dict API gives them (saving
+    reads them; loading fills them in place)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer is None:
+        return {"model": get_model_state_dict(inner)}
+    model_state, optimizer_state = get_state_dict(inner, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
 def save_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathLike[str],
                                 optimizer: Any = None) -> Path:
     """Save `model` (prepared with distributed="ddp" or "fsdp", or a plain module) and
     optionally its optimizer into the folder `checkpoint_dir`. Call it on every rank: it is
     a collective. Returns the folder."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
     from torch.distributed.checkpoint.state_dict_saver import save
 
     inner = user_module(model)
-    state: dict[str, Any]
-    if optimizer is None:
-        state = {"model": get_model_state_dict(inner)}
-    else:
-        model_state, optimizer_state = get_state_dict(inner, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
+    state = _state(inner, optimizer)
     path = Path(checkpoint_dir)
     try:
         with _one_process_quietly():
@@ -75,12 +81,7 @@ def load_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathL
     """Load a checkpoint saved by `save_distributed_checkpoint` (on any number of ranks)
     into `model` and optionally `optimizer`, in place, resharding to this run's layout.
     Collective when a process group is active; works in one process without one."""
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_state_dict,
-        set_model_state_dict,
-        set_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load
 
     path = Path(checkpoint_dir)
@@ -88,12 +89,7 @@ def load_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathL
         raise CheckpointError(f"{path} is not a distributed checkpoint (no .metadata file "
                               "written by torch.distributed.checkpoint)")
     inner = user_module(model)
-    state: dict[str, Any]
-    if optimizer is None:
-        state = {"model": get_model_state_dict(inner)}
-    else:
-        model_state, optimizer_state = get_state_dict(inner, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
+    state = _state(inner, optimizer)
     try:
         with _one_process_quietly():
             load(state, checkpoint_id=path, no_dist=not _group_active())

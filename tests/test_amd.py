@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 import torchbridge
 from torch import nn
 from torchbridge import devices
@@ -22,12 +23,14 @@ from torchbridge_amd import probe
 from torchbridge_amd.probe import ROCmProperties
 
 GB = 1024**3
-# torch.cuda.get_device_properties() of real AMD GPUs: (name, gcnArchName,
-# multi_processor_count, total_memory in MiB). Printed by torch for the MI250X (one GCD),
-# MI300X, RX 7900 XTX, RX 9070 XT, Radeon 780M and 8060S (in public bug reports); for the
-# MI210, MI325X and MI355X, AMD's published CU count and memory with the gcnArchName torch
-# prints for their architecture ("gfx950:sramecc+:xnack-" is quoted from an MI355X).
+# torch.cuda.get_device_properties() of AMD GPUs: (name, gcnArchName,
+# multi_processor_count, total_memory in MiB). Written by hand from public specifications,
+# not captured from a real device: AMD's published CU count and memory (product pages, ROCm
+# "GPU hardware specifications"), with the name and gcnArchName as torch prints them for the
+# part or its architecture in public bug reports (MI250X one GCD, MI300X, RX 7900 XTX,
+# RX 9070 XT, Radeon 780M and 8060S; "gfx950:sramecc+:xnack-" from an MI355X).
 RECORDED = {
+    "MI100": ("AMD Instinct MI100", "gfx908:sramecc+:xnack-", 120, 32752),
     "MI210": ("AMD Instinct MI210", "gfx90a:sramecc+:xnack-", 104, 65520),
     "MI250X": ("AMD Instinct MI250X", "gfx90a:sramecc+:xnack-", 110, 65520),
     "MI300X": ("AMD Instinct MI300X", "gfx942:sramecc+:xnack-", 304, 196592),
@@ -39,6 +42,7 @@ RECORDED = {
     "Radeon 8060S": ("Radeon 8060S Graphics", "gfx1151", 20, 64038),  # RDNA3.5 APU
 }
 EXPECTED = {  # architecture, family, FP8 e4m3 dtype, TF32, hipBLASLt
+    "MI100": ("gfx908", "cdna1", None, False, False),
     "MI210": ("gfx90a", "cdna2", None, False, True),
     "MI250X": ("gfx90a", "cdna2", None, False, True),
     "MI300X": ("gfx942", "cdna3", "float8_e4m3fnuz", True, True),
@@ -88,13 +92,24 @@ class FakeGPUs:
 
 @pytest.fixture
 def rocm_flags(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
-    """The BLAS and flash-attention library switches record what they were asked (the CPU
-    build of torch refuses hipBLASLt); TF32 is put back afterwards."""
+    """The BLAS and flash-attention library switches behave as torch's do (called without an
+    argument they say the current library, with one they set it) and record what they were
+    set to, in order (the CPU build of torch refuses hipBLASLt); TF32 is put back
+    afterwards. A prepared model's settings are put back when prepare_model returns (and
+    set around its calls): the last records are those restores."""
     calls: list[tuple[str, str]] = []
-    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library",
-                        lambda name=None: calls.append(("blas", name)))
-    monkeypatch.setattr(torch.backends.cuda, "preferred_rocm_fa_library",
-                        lambda name=None: calls.append(("flash", name)))
+    current = {"blas": "hipblas", "flash": "default"}
+
+    def switch(kind: str) -> Any:
+        def library(name: str | None = None) -> str:
+            if name is not None:
+                calls.append((kind, name))
+                current[kind] = name
+            return current[kind]
+        return library
+
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", switch("blas"))
+    monkeypatch.setattr(torch.backends.cuda, "preferred_rocm_fa_library", switch("flash"))
     monkeypatch.delenv("HIPBLASLT_ALLOW_TF32", raising=False)
     saved = torch.backends.cuda.matmul.allow_tf32
     yield calls
@@ -115,7 +130,7 @@ def test_recorded_devices_get_their_architecture_and_precision(
     assert (info.name, info.vendor, info.architecture) == (name, "AMD", arch)
     assert info.compute_capability == arch and info.extra["gcn_arch_name"] == gcn
     assert info.extra["family"] == family and info.extra["compute_units"] == cus
-    assert info.preferred_low_precision_dtype == "bfloat16"  # CDNA2+ and RDNA3+
+    assert info.preferred_low_precision_dtype == "bfloat16"  # every CDNA, and RDNA3+
     assert backend.low_precision_dtype(info) == torch.bfloat16
     assert info.extra["fp8_dtype"] == fp8
     assert (fp8 in info.supported_dtypes) if fp8 else \
@@ -126,20 +141,49 @@ def test_recorded_devices_get_their_architecture_and_precision(
     assert info.extra["mx_formats"] == (["mxfp8", "mxfp4"] if arch == "gfx950" else [])
     assert info.memory_total_gb == pytest.approx(mib / 1024)
     assert info.memory_available_gb == pytest.approx(mib / 1024 - 2)
-    assert info.device == "cuda:1" and backend.distributed_backend == "nccl"
+    # The recorded machine's torch has RCCL ("nccl"); this CPU build has none.
+    assert info.device == "cuda:1"
+    assert backend.distributed_backend == ("nccl" if dist.is_nccl_available() else None)
     assert backend.answered_by["torchbridge_device_info"] == "amd"
     telemetry = info.extra["telemetry"]  # every field, None where amdsmi gave nothing
     assert telemetry == {**dict.fromkeys(probe.TELEMETRY_FIELDS), **fake.telemetry}
 
 
-def test_rdna2_and_cdna1_have_fp16_but_not_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rdna2_has_fp16_but_not_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    # RDNA2 has no matrix instructions (AMD RDNA2 ISA reference guide).
     fake = FakeGPUs(monkeypatch, "MI210")
-    for gcn, family in (("gfx1030", "rdna2"), ("gfx908:sramecc+:xnack-", "cdna1")):
-        fake.props = ROCmProperties("older GPU", gcn, 60, 32 * GB)
+    for gcn in ("gfx1030", "gfx1031", "gfx1032"):
+        fake.props = ROCmProperties("Radeon RX 6000", gcn, 40, 12 * GB)
         info = torchbridge.get_backend("rocm").get_device_info()
-        assert info.extra["family"] == family
+        assert info.extra["family"] == "rdna2"
         assert info.supported_dtypes == ["float32", "float16"]
         assert info.preferred_low_precision_dtype == "float16"
+
+
+def test_mi100_computes_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CDNA1's MFMA has bf16 (AMD "AMD matrix cores" lab notes: MI100 BF16 512 FLOPs/clock/CU).
+    FakeGPUs(monkeypatch, "MI100")
+    info = torchbridge.get_backend("rocm").get_device_info()
+    assert (info.architecture, info.extra["family"]) == ("gfx908", "cdna1")
+    assert info.supported_dtypes == ["float32", "float16", "bfloat16"]
+    assert info.preferred_low_precision_dtype == "bfloat16"
+    assert info.extra["tf32"] is False and info.extra["fp8_dtype"] is None
+
+
+def test_gfx950_tf32_is_emulated_not_xf32(monkeypatch: pytest.MonkeyPatch) -> None:
+    # gfx950 has no XF32 instructions; hipBLASLt emulates TF32 with bf16 MFMAs (hipBLASLt PR
+    # 1806). gfx942 has XF32 (CDNA 3 ISA).
+    fake = FakeGPUs(monkeypatch, "MI355X")
+    info = torchbridge.get_backend("rocm").get_device_info()
+    assert info.extra["tf32"] is True and info.extra["tf32_emulated"] is True
+    assert info.extra["tf32_mode"] == ("TF32 emulated by hipBLASLt with bf16 matrix "
+                                       "instructions (gfx950 has no XF32 instructions)")
+    fake.props = props("MI300X")
+    info = torchbridge.get_backend("rocm").get_device_info()
+    assert info.extra["tf32"] is True and info.extra["tf32_emulated"] is False
+    assert info.extra["tf32_mode"] == "TF32 (XF32) on the matrix cores of gfx942"
+    fake.props = props("MI210")
+    assert "has no TF32" in torchbridge.get_backend("rocm").get_device_info().extra["tf32_mode"]
 
 
 def test_unknown_architecture_is_reported_not_guessed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -197,8 +241,8 @@ def test_preflight_on_a_multi_arch_build(monkeypatch: pytest.MonkeyPatch, gpu: s
         assert "HSA_OVERRIDE_GFX_VERSION=11.0.0" in check.warnings[0]
     if arch == "gfx1151":  # RDNA3.5: no 115x in the build, gfx1100 stands in
         assert check.hsa_override == "11.0.0"
-    expected_flash = {"gfx1103": "unsupported", "gfx1151": "experimental"}.get(arch,
-                                                                              "available")
+    expected_flash = {"gfx908": "unsupported", "gfx1103": "unsupported",
+                      "gfx1151": "experimental"}.get(arch, "available")
     assert check.flash_attention == expected_flash
 
 
@@ -394,7 +438,7 @@ def test_seed_shaped_amd_backend(monkeypatch: pytest.MonkeyPatch, rocm_flags: li
     result = AMDOptimizer(cfg).optimize(model, optimization_level="aggressive")
     assert result.optimizations_applied == ["rocm_blas_library", "tf32", "fp8_linear",
                                             "autocast"]
-    assert rocm_flags == [("blas", "hipblaslt")]
+    assert rocm_flags == [("blas", "hipblaslt"), ("blas", "hipblas")]  # set, then scoped
 
 
 # -- passes -------------------------------------------------------------------------------
@@ -417,7 +461,7 @@ def test_passes_follow_the_architecture(monkeypatch: pytest.MonkeyPatch, gpu: st
     assert report["autocast"][0] == "applied" and report["compile"][0] == "applied"
     if hipblaslt:
         assert report["rocm_blas_library"][0] == "applied"
-        assert rocm_flags == [("blas", "hipblaslt")]
+        assert rocm_flags == [("blas", "hipblaslt"), ("blas", "hipblas")]  # set, then scoped
     else:
         assert report["rocm_blas_library"] == ("skipped", (
             "torch supports hipblaslt on gfx90a, gfx942, gfx950, gfx1100, gfx1101, gfx1200, "
@@ -456,7 +500,7 @@ def test_library_choices_and_their_skip_reasons(monkeypatch: pytest.MonkeyPatch,
     report = _report(monkeypatch, "MI300X", mlp, hardware={"amd": {
         "flash_attention_library": "ck", "preferred_blas": "ck"}})
     assert report["rocm_flash_attention"][0] == report["rocm_blas_library"][0] == "applied"
-    assert rocm_flags == [("blas", "ck"), ("flash", "ck")]
+    assert rocm_flags[:2] == [("blas", "ck"), ("flash", "ck")]
     report = _report(monkeypatch, "RX 7900 XTX", mlp,
                      hardware={"amd": {"flash_attention_library": "ck"}})
     assert report["rocm_flash_attention"] == ("skipped", (

@@ -57,6 +57,7 @@ def test_device_info_and_memory_say_what_xla_on_cpu_is(tpu: torchbridge.Backend)
     assert info.name == "XLA:CPU" and info.extra["device_kind"] == "CPU"
     assert info.extra["device_count"] == tpu.device_count
     assert info.extra["world_size"] == 1 and info.extra["tpu_version"] is None
+    assert info.extra["topology"] == "single" and info.architecture == "xla-cpu"
     assert info.preferred_low_precision_dtype == "bfloat16"
     stats = tpu.get_memory_stats()
     assert stats.allocated_bytes is None and stats.total_bytes is None  # unknown, not 0

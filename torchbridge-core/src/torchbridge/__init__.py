@@ -26,6 +26,7 @@ from torchbridge.errors import (
     OutOfMemoryError,
     PluginError,
     TorchBridgeError,
+    UnsupportedDtypeError,
 )
 from torchbridge.hookspecs import hookimpl, hookspec
 from torchbridge.levels import OptimizationLevel
@@ -97,7 +98,8 @@ __all__ = [
     "KernelImplementation", "KernelLaunchError", "ModulePattern", "OpDefinition", "MemoryStats",
     "ModelOptimizationError", "OptimizationLevel", "OptimizationPass", "OptimizationResult",
     "OutOfMemoryError", "PassContext", "PluginError", "TorchBridgeConfig", "TorchBridgeError",
-    "check_compatibility", "detect_best_backend", "get_backend", "get_kernel", "hookimpl",
+    "UnsupportedDtypeError", "check_compatibility", "detect_best_backend", "get_backend",
+    "get_kernel", "hookimpl",
     "hookspec",
     "list_backends", "load_checkpoint", "optimization_result", "register_plugin",
     "reload_plugins", "save_checkpoint", "unregister_plugin", "validate", "__version__",

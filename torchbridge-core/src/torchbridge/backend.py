@@ -22,7 +22,6 @@ from torchbridge.config import TorchBridgeConfig, hardware_sections
 from torchbridge.errors import BackendUnavailableError, DeviceError
 from torchbridge.kernels import compute, resolve_kernel
 from torchbridge.memory import MemoryManager, apply_memory_fraction
-from torchbridge.optimize.pipeline import run_pipeline
 from torchbridge.plugins import exclusive_step, get_plugin_host
 from torchbridge.selection import (
     backend_status,
@@ -312,6 +311,10 @@ class Backend:
         """Run the pass pipeline at `level` (default: config.optimization_level) and return
         the full report: passes applied, skipped (why) and failed (error); output drift
         against O0 when `sample_input` is given; measured speedup when `measure=True`."""
+        # Imported here: the pipeline's modules cost about 15 ms at import, which
+        # get_backend() does not pay (benchmarks/startup.py holds it to its bound).
+        from torchbridge.optimize.pipeline import run_pipeline
+
         return run_pipeline(self, model, level, sample_input=sample_input, measure=measure,
                             inplace=inplace, strict=strict)
 

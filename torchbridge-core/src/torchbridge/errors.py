@@ -57,6 +57,11 @@ class ModelOptimizationError(TorchBridgeError):
     """prepare_model/optimize failed (strict mode) or was asked for something invalid."""
 
 
+class UnsupportedDtypeError(ModelOptimizationError):
+    """The model or its input holds a dtype the device cannot compute in (float64 on a
+    device whose description says `extra["fp64"] is False`); raised before placement."""
+
+
 class PluginError(TorchBridgeError):
     """A plugin failed to load or misbehaved. The host keeps working without it."""
 

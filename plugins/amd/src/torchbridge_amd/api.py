@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from torchbridge.backends import SeedOptimizer, named_backend_class
+from torchbridge.errors import DeviceError
 from torchbridge.fp8 import FP8CompilationResult, FP8Linear, convert_linears_to_fp8
 
 from torchbridge_amd.architecture import (
@@ -32,6 +33,17 @@ class AMDBackend(_GenericROCmBackend):  # type: ignore[misc, valid-type]
     """The rocm backend: `AMDBackend()`, `AMDBackend(config)`,
     `AMDBackend(optimization_level="O3", device_id=1)`. Raises ROCmNotAvailableError (a
     BackendUnavailableError) without a ROCm build of torch and a visible AMD GPU."""
+
+    def _check_index(self, index: int | None) -> int:
+        """The core's check, raising the AMD plugin's ROCmDeviceError (a DeviceError) for
+        an index that does not exist."""
+        try:
+            checked: int = super()._check_index(index)
+        except ROCmDeviceError:
+            raise
+        except DeviceError as exc:
+            raise ROCmDeviceError(str(exc)) from None
+        return checked
 
     @property
     def architecture(self) -> str | None:

@@ -10,15 +10,21 @@ no low-precision dtype is assumed.
 Sources of the policy (torch 2.13 unless said otherwise):
 - FP8: torch's `_scaled_mm` allows gfx942, gfx950, gfx1200, gfx1201 on ROCm and uses the
   fnuz formats only on gfx94x (`_scaled_mm_allowed_device` / `_scaled_mm_is_fnuz` in
-  aten/src/ATen/native/cuda/Blas.cpp; torch/testing/_internal/common_cuda.py
-  `evaluate_platform_supports_fp8`: gfx94, gfx120 from ROCm 6.3, gfx95 from ROCm 6.5).
+  aten/src/ATen/native/cuda/ScaledBlas.cpp, Blas.cpp before torch 2.9;
+  torch/testing/_internal/common_cuda.py `evaluate_platform_supports_fp8`: gfx94, gfx120
+  from ROCm 6.3, gfx95 from ROCm 6.5).
 - MX formats (MXFP8/MXFP4 block-scaled GEMM): gfx950 with ROCm 7.0
   (common_cuda.py `evaluate_platform_supports_mx_gemm`).
 - TF32: `torch.cuda.is_tf32_supported()` is true on ROCm for "gfx94" and "gfx95" names only
-  (torch/cuda/__init__.py).
-- BF16 on CDNA2 and newer and RDNA3 and newer (the matrix cores' bf16 instructions); the
-  issue's rule, narrower than `torch.cuda.is_bf16_supported()`, which answers True for any
-  ROCm GPU.
+  (torch/cuda/__init__.py), and hipBLASLt serves it differently on the two: gfx94x (CDNA3)
+  has XF32 matrix instructions (AMD CDNA 3 ISA reference guide, V_MFMA_F32_*_XF32);
+  gfx950 (CDNA4) has none, and hipBLASLt emulates TF32 there with several bf16 MFMAs
+  (ROCm/hipBLASLt pull request 1806, "TF32 Emulation for gfx950").
+- BF16 matrix instructions on every CDNA (MI100's CDNA1 included: AMD "AMD matrix cores"
+  lab notes, MI100 BF16 512 FLOPs/clock/CU; AMD CDNA architecture whitepaper) and on RDNA3
+  and newer (WMMA bf16: AMD RDNA3 and RDNA4 ISA reference guides). RDNA2 has no matrix
+  instructions (AMD RDNA2 ISA reference guide). `torch.cuda.is_bf16_supported()` answers
+  True for any ROCm GPU, so it is not asked.
 """
 
 from __future__ import annotations
@@ -48,7 +54,10 @@ class ArchInfo:
     consumer: bool  # a Radeon (RDNA) part: HSA_OVERRIDE_GFX_VERSION is the known workaround
 
 
+# gfx names and products: LLVM "AMDGPUUsage" processors table and the ROCm documentation's
+# "GPU hardware specifications" / Radeon compatibility tables (noted per entry below).
 ARCHITECTURES: dict[str, ArchInfo] = {
+    # Instinct: ROCm "GPU hardware specifications" (Instinct table); AMDGPUUsage.
     "gfx908": ArchInfo(AMDFamily.CDNA1, "Instinct MI100", False),
     "gfx90a": ArchInfo(AMDFamily.CDNA2, "Instinct MI210/MI250/MI250X", False),
     # gfx940 and gfx941 were pre-production MI300 parts; shipping MI300A/X and MI325X are gfx942.
@@ -56,20 +65,28 @@ ARCHITECTURES: dict[str, ArchInfo] = {
     "gfx941": ArchInfo(AMDFamily.CDNA3, "Instinct MI300 (early)", False),
     "gfx942": ArchInfo(AMDFamily.CDNA3, "Instinct MI300A/MI300X/MI325X", False),
     "gfx950": ArchInfo(AMDFamily.CDNA4, "Instinct MI350X/MI355X", False),
+    # Radeon: ROCm "GPU hardware specifications" (Radeon / Radeon PRO tables); AMDGPUUsage.
     "gfx1030": ArchInfo(AMDFamily.RDNA2, "Radeon RX 6800/6900, PRO W6800", True),
-    "gfx1031": ArchInfo(AMDFamily.RDNA2, "Radeon RX 6700 XT/6750 XT", True),
-    "gfx1032": ArchInfo(AMDFamily.RDNA2, "Radeon RX 6600/6650 XT", True),
+    "gfx1031": ArchInfo(AMDFamily.RDNA2, "Radeon RX 6700 XT/6750 XT", True),  # AMDGPUUsage
+    "gfx1032": ArchInfo(AMDFamily.RDNA2, "Radeon RX 6600/6650 XT", True),  # AMDGPUUsage
     "gfx1100": ArchInfo(AMDFamily.RDNA3, "Radeon RX 7900 XTX/XT/GRE, PRO W7900", True),
     "gfx1101": ArchInfo(AMDFamily.RDNA3, "Radeon RX 7800 XT/7700 XT, PRO W7700", True),
-    "gfx1102": ArchInfo(AMDFamily.RDNA3, "Radeon RX 7600", True),
+    "gfx1102": ArchInfo(AMDFamily.RDNA3, "Radeon RX 7600", True),  # ROCm Radeon table
+    # APUs: AMDGPUUsage processors table; ROCm "Ryzen APU" compatibility notes.
     "gfx1103": ArchInfo(AMDFamily.RDNA3, "Radeon 780M/760M (Phoenix APU)", True),
     "gfx1150": ArchInfo(AMDFamily.RDNA3_5, "Radeon 890M (Strix Point APU)", True),
     "gfx1151": ArchInfo(AMDFamily.RDNA3_5, "Radeon 8060S (Strix Halo APU)", True),
+    # RDNA4: ROCm "GPU hardware specifications" (Radeon table); AMDGPUUsage.
     "gfx1200": ArchInfo(AMDFamily.RDNA4, "Radeon RX 9060 XT", True),
     "gfx1201": ArchInfo(AMDFamily.RDNA4, "Radeon RX 9070 XT/9070, AI PRO R9700", True),
 }
-_BF16 = {AMDFamily.CDNA2, AMDFamily.CDNA3, AMDFamily.CDNA4, AMDFamily.RDNA3,
-         AMDFamily.RDNA3_5, AMDFamily.RDNA4}
+# Families with bf16 matrix instructions (sources in the module text).
+_BF16 = {AMDFamily.CDNA1, AMDFamily.CDNA2, AMDFamily.CDNA3, AMDFamily.CDNA4,
+         AMDFamily.RDNA3, AMDFamily.RDNA3_5, AMDFamily.RDNA4}
+# TF32 as torch reports it (torch/cuda/__init__.py is_tf32_supported), and where hipBLASLt
+# runs it: XF32 MFMAs on CDNA3 (CDNA 3 ISA), bf16 emulation on gfx950 (hipBLASLt PR 1806).
+_TF32_NATIVE = ("gfx940", "gfx941", "gfx942")
+_TF32_EMULATED = ("gfx950",)
 _FNUZ = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 _OCP = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -86,9 +103,9 @@ def family_of(arch: str) -> AMDFamily:
 
 def fp8_dtypes(arch: str) -> tuple[torch.dtype, torch.dtype] | None:
     """(e4m3, e5m2) the FP8 units of `arch` compute in, or None."""
-    if arch in ("gfx940", "gfx941", "gfx942"):
+    if arch in ("gfx940", "gfx941", "gfx942"):  # CDNA 3 ISA: fnuz FP8 MFMAs; ScaledBlas.cpp
         return _FNUZ
-    if arch in ("gfx950", "gfx1200", "gfx1201"):
+    if arch in ("gfx950", "gfx1200", "gfx1201"):  # CDNA 4 / RDNA4 ISA: OCP FP8; ScaledBlas.cpp
         return _OCP
     return None
 
@@ -102,8 +119,19 @@ class PrecisionPolicy:
     fp16: bool
     bf16: bool
     fp8: tuple[torch.dtype, torch.dtype] | None
-    tf32: bool
+    tf32: bool  # torch allows TF32 matmuls here (natively or emulated, see tf32_emulated)
     mx_formats: tuple[str, ...]
+    tf32_emulated: bool = False  # hipBLASLt runs TF32 as bf16 MFMAs: no XF32 instructions
+
+    @property
+    def tf32_description(self) -> str:
+        """How float32 matmuls run when TF32 is allowed, for notes and reports."""
+        if not self.tf32:
+            return f"{self.architecture} has no TF32 (torch reports it on gfx94x and gfx95x only)"
+        if self.tf32_emulated:
+            return (f"TF32 emulated by hipBLASLt with bf16 matrix instructions "
+                    f"({self.architecture} has no XF32 instructions)")
+        return f"TF32 (XF32) on the matrix cores of {self.architecture}"
 
     @property
     def fp8_dtype(self) -> torch.dtype | None:
@@ -138,6 +166,7 @@ def precision_policy(arch: str) -> PrecisionPolicy:
         fp16=known,
         bf16=family in _BF16,
         fp8=fp8_dtypes(arch),
-        tf32=arch.startswith(("gfx94", "gfx95")) and known,
-        mx_formats=("mxfp8", "mxfp4") if arch == "gfx950" else (),
+        tf32=arch in _TF32_NATIVE + _TF32_EMULATED,
+        mx_formats=("mxfp8", "mxfp4") if arch == "gfx950" else (),  # common_cuda.py
+        tf32_emulated=arch in _TF32_EMULATED,
     )

@@ -29,8 +29,9 @@ class AMDConfig(ConfigModel):
     flash_attention_library: Literal["auto", "aotriton", "ck"] = Field(
         default="auto", description="torch.backends.cuda.preferred_rocm_fa_library at O2; "
         "auto keeps torch's default (AOTriton); ck only on gfx90a/gfx942")
-    allow_tf32: bool = Field(default=True, description="TF32 (XF32) matmuls at O2+ where torch "
-                             "reports TF32 support (gfx94x, gfx95x)")
+    allow_tf32: bool = Field(default=True, description="TF32 matmuls at O2+ where torch "
+                             "reports TF32 support: XF32 matrix instructions on gfx94x, "
+                             "hipBLASLt's bf16 emulation on gfx950")
     enable_oom_protection: bool | None = Field(
         default=None, description="None: use memory.enable_oom_protection")
     max_memory_fraction: float | None = Field(

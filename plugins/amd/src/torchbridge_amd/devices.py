@@ -78,6 +78,7 @@ def describe_device(index: int, backend_name: str = "rocm", section: Any = None)
                "fp8_dtype": str(policy.fp8_dtype).removeprefix("torch.")
                if policy.fp8_dtype else None,
                "mx_formats": list(policy.mx_formats), "tf32": policy.tf32,
+               "tf32_emulated": policy.tf32_emulated, "tf32_mode": policy.tf32_description,
                "preflight": check.to_dict(),
                "telemetry": telemetry(index, props.pci_bus_id)},
         notes="; ".join(notes) or None,

@@ -15,7 +15,8 @@ class ROCmNotAvailableError(AMDBackendError, errors.BackendUnavailableError):
 
 
 class ROCmDeviceError(AMDBackendError, errors.DeviceError):
-    """A HIP device call failed or the device index does not exist."""
+    """A HIP device call failed or the device index does not exist (AMDBackend's
+    get_device_info, preflight and telemetry)."""
 
 
 class OutOfMemoryError(AMDBackendError, errors.OutOfMemoryError):

@@ -26,6 +26,12 @@ import torch
 from torch import nn
 from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize.passes import OptimizationPass, PassContext
+from torchbridge.optimize.settings import (
+    BLAS_LIBRARY,
+    ROCM_FLASH_LIBRARY,
+    TF32_MATMUL,
+    environment_setting,
+)
 
 from torchbridge_amd.architecture import AMDFamily, PrecisionPolicy, family_of, precision_policy
 from torchbridge_amd.errors import FP8CompilationError, InvalidArchitectureError
@@ -100,8 +106,22 @@ def _blas(model: nn.Module, ctx: PassContext) -> nn.Module:
     assert library is not None
     torch.backends.cuda.preferred_blas_library(library)
     ctx.notes.append(f"rocm_blas_library: torch.backends.cuda.preferred_blas_library("
-                     f"{library!r}) (process-wide)")
+                     f"{library!r}), around the prepared model's calls only")
     return model
+
+
+def _library_name(value: object) -> str:
+    """torch's enum (_BlasBackend.Cublaslt, _ROCmFABackend.Ck) as the name a user passes."""
+    name = str(getattr(value, "name", value)).lower()
+    return {"cublaslt": "hipblaslt", "cublas": "hipblas"}.get(name, name)
+
+
+def _blas_in_force(model: nn.Module, ctx: PassContext) -> str | None:
+    library, reason = _blas_choice(ctx)
+    if library is None:
+        return reason
+    now = _library_name(torch.backends.cuda.preferred_blas_library())
+    return None if now == library else f"torch's preferred BLAS library is {now}"
 
 
 # -- TF32 ----------------------------------------------------------------------------------
@@ -121,10 +141,26 @@ def _tf32(model: nn.Module, ctx: PassContext) -> nn.Module:
     # the TF32 support is new and only for MI300+" (torch's test_linalg sets it the same way
     # at run time; Context.cpp reads HIPBLASLT_ALLOW_TF32).
     os.environ.setdefault("HIPBLASLT_ALLOW_TF32", "1")
-    ctx.notes.append("tf32: float32 matmuls use TF32 (XF32) on the matrix cores "
-                     "(process-wide: allow_tf32 and HIPBLASLT_ALLOW_TF32="
-                     f"{os.environ['HIPBLASLT_ALLOW_TF32']})")
+    ctx.notes.append(f"tf32: {_policy(ctx).tf32_description} (allow_tf32 around the "
+                     "prepared model's calls; HIPBLASLT_ALLOW_TF32="
+                     f"{os.environ['HIPBLASLT_ALLOW_TF32']} in the environment)")
     return model
+
+
+# torch reads it in ATen's Context (allowTF32CuBLAS on ROCm), not per model: an environment
+# variable cannot be scoped to one model's calls.
+HIPBLASLT_TF32 = environment_setting(
+    "HIPBLASLT_ALLOW_TF32", "an environment variable torch's ROCm build reads for every "
+    "float32 matmul of the process")
+
+
+def _tf32_on(model: nn.Module, ctx: PassContext) -> str | None:
+    reason = _tf32_check(model, ctx)
+    if reason is not None:
+        return reason
+    if not torch.backends.cuda.matmul.allow_tf32:
+        return "torch did not take allow_tf32"
+    return None
 
 
 # -- flash attention library ---------------------------------------------------------------
@@ -156,8 +192,14 @@ def _flash(model: nn.Module, ctx: PassContext) -> nn.Module:
     library = ctx.backend.hardware_config.flash_attention_library
     torch.backends.cuda.preferred_rocm_fa_library(library)
     ctx.notes.append(f"rocm_flash_attention: torch.backends.cuda.preferred_rocm_fa_library("
-                     f"{library!r}) (process-wide)")
+                     f"{library!r}), around the prepared model's calls only")
     return model
+
+
+def _flash_in_force(model: nn.Module, ctx: PassContext) -> str | None:
+    wanted = ctx.backend.hardware_config.flash_attention_library
+    now = _library_name(torch.backends.cuda.preferred_rocm_fa_library())
+    return None if now == wanted else f"torch's flash-attention library is {now}"
 
 
 # -- FP8 -----------------------------------------------------------------------------------
@@ -199,11 +241,14 @@ def amd_passes(backend: Backend) -> list[OptimizationPass]:
     passes: list[Any] = [
         OptimizationPass("rocm_blas_library", "preferred BLAS library (hipBLASLt where "
                          "supported)", o1, _blas, _blas_check, order=30,
-                         mutates=False),
-        OptimizationPass("tf32", "TF32 (XF32) matrix cores for float32 matmuls", o2, _tf32,
-                         _tf32_check, order=35, mutates=False),
+                         mutates=False, settings=(BLAS_LIBRARY,), effect=_blas_in_force),
+        OptimizationPass("tf32", "TF32 for float32 matmuls (native XF32 or hipBLASLt's "
+                         "emulation, as the architecture has it)", o2, _tf32,
+                         _tf32_check, order=35, mutates=False,
+                         settings=(TF32_MATMUL, HIPBLASLT_TF32), effect=_tf32_on),
         OptimizationPass("rocm_flash_attention", "SDPA flash-attention library (AOTriton or "
-                         "CK)", o2, _flash, _flash_check, order=36, mutates=False),
+                         "CK)", o2, _flash, _flash_check, order=36, mutates=False,
+                         settings=(ROCM_FLASH_LIBRARY,), effect=_flash_in_force),
         OptimizationPass("fp8_linear", "nn.Linear layers swapped for FP8 layers in the "
                          "architecture's FP8 dtype", o3, _fp8, _fp8_check, mode="inference",
                          order=55),

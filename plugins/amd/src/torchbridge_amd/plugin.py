@@ -69,8 +69,12 @@ def torchbridge_memory_stats(backend_name: str, device: torch.device) -> MemoryS
 
 @hookimpl
 def torchbridge_distributed_backend(backend_name: str, device: torch.device) -> str | None:
-    # torch's "nccl" process group is RCCL on a ROCm build.
-    return "nccl" if _mine(backend_name, device) else None
+    # torch's "nccl" process group is RCCL on a ROCm build; a build without it has none.
+    if not _mine(backend_name, device):
+        return None
+    import torch.distributed as dist
+
+    return "nccl" if dist.is_available() and dist.is_nccl_available() else None
 
 
 @hookimpl

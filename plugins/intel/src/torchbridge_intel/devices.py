@@ -11,7 +11,7 @@ from torchbridge.types import DeviceCount, DeviceInfo
 
 from torchbridge_intel import probe
 from torchbridge_intel.errors import XPUDeviceError, XPUNotAvailableError
-from torchbridge_intel.families import DESCRIPTION, IntelFamily, identify
+from torchbridge_intel.families import DESCRIPTION, TF32_XMX, IntelFamily, identify
 from torchbridge_intel.policy import PrecisionPolicy, fp64_refusal, precision_policy
 
 logger = logging.getLogger(__name__)
@@ -25,7 +25,8 @@ _XMX_FAMILIES = {IntelFamily.PONTE_VECCHIO, IntelFamily.ALCHEMIST, IntelFamily.B
 
 def device_policy(index: int) -> tuple[probe.XPUProperties, PrecisionPolicy]:
     props = probe.device_properties(index)
-    return props, precision_policy(props, probe.tf32_supported(index))
+    family_tf32 = TF32_XMX.get(identify(props).family)
+    return props, precision_policy(props, probe.tf32_supported(index), family_tf32)
 
 
 def _configured_dtype(policy: PrecisionPolicy, precision: str, name: str,

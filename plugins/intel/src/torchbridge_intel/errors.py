@@ -22,8 +22,9 @@ class OutOfMemoryError(XPUDeviceError, errors.OutOfMemoryError):
     """XPU memory exhausted; the message gives requested, free and total."""
 
 
-class UnsupportedDtypeError(IntelBackendError, errors.ModelOptimizationError):
-    """The model holds a dtype the device cannot compute in (float64 without has_fp64)."""
+# The core refuses a float64 model on a device without fp64 before placement, for every
+# backend (torchbridge.optimize.pipeline.refuse_float64): the name stays, as the core's class.
+UnsupportedDtypeError = errors.UnsupportedDtypeError
 
 
 class IPEXUnavailableError(IntelBackendError, errors.ConfigurationError):

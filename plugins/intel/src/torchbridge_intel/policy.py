@@ -2,7 +2,12 @@
 
 - bf16 where the device converts bf16 in hardware and has XMX (DPAS) to multiply it;
 - fp16 where has_fp16 (the EUs run it at twice the fp32 rate, XMX or not);
-- TF32 where torch says it is supported (torch.xpu.is_tf32_supported);
+- TF32 where torch says it is supported (torch.xpu.is_tf32_supported) and the XMX
+  multiplies TF32. torch answers True wherever the device has DPAS (torch/xpu/__init__.py
+  reads has_subgroup_matrix_multiply_accumulate), an Arc A-series (Alchemist) included,
+  whose XMX has no TF32 (SYCL's joint_matrix combinations for dg2_g10/g11/g12 list none);
+  the device's own flag has_subgroup_matrix_multiply_accumulate_tensor_float32 decides,
+  and where a torch does not report it, the family's entry (families.TF32_XMX);
 - float64 only where has_fp64: without it every fp64 kernel fails with SYCL's
   "Required aspect fp64 is not supported on the device" (intel/torch-xpu-ops#1742, an Arc
   A770), so prepare_model refuses a float64 model first.
@@ -48,12 +53,24 @@ class PrecisionPolicy:
         return "float16" if self.fp16 else None
 
 
-def precision_policy(props: XPUProperties, tf32: bool | None) -> PrecisionPolicy:
+def tf32_xmx(props: XPUProperties, family_tf32: bool | None = None) -> bool:
+    """Whether the XMX multiplies TF32: the device's flag where torch reports it, else the
+    family's table entry; unknown to both, not ruled out (torch's verdict stands)."""
+    flag = props.has_subgroup_matrix_multiply_accumulate_tensor_float32
+    if flag is not None:
+        return flag
+    return family_tf32 is not False
+
+
+def precision_policy(props: XPUProperties, tf32: bool | None,
+                     family_tf32: bool | None = None) -> PrecisionPolicy:
+    """`tf32`: torch's verdict (probe.tf32_supported); `family_tf32`: families.TF32_XMX for
+    the identified family, None when unknown."""
     conversions = props.has_bfloat16_conversions is True
     xmx = props.has_subgroup_matrix_multiply_accumulate is True
     return PrecisionPolicy(bf16=conversions and xmx, bf16_conversions=conversions, xmx=xmx,
                            fp16=props.has_fp16 is True, fp64=props.has_fp64,
-                           tf32=tf32 is True)
+                           tf32=tf32 is True and tf32_xmx(props, family_tf32))
 
 
 def fp64_refusal(device_name: str) -> str:

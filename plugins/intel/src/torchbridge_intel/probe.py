@@ -152,7 +152,18 @@ def telemetry(index: int) -> dict[str, float | None]:
 def enable_tf32() -> None:
     """Let float32 matmuls and convolutions on XPU use TF32. They read the oneDNN flag
     (pytorch#137570 for convolutions, #144240 for matmuls), not torch.backends.cuda's."""
-    torch.backends.mkldnn.allow_tf32 = True  # type: ignore[assignment]  # a ContextProp
+    set_tf32(True)
+
+
+def tf32_enabled() -> bool | None:
+    """The oneDNN TF32 flag as torch holds it (None on a torch built without XPU support,
+    which ignores the setter with a warning)."""
+    value: bool | None = torch.backends.mkldnn.allow_tf32  # type: ignore[assignment]
+    return value
+
+
+def set_tf32(allowed: bool | None) -> None:
+    torch.backends.mkldnn.allow_tf32 = allowed  # type: ignore[assignment]  # a ContextProp
 
 
 def synchronize(index: int) -> None:

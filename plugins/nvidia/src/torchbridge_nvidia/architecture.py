@@ -1,7 +1,13 @@
 """NVIDIA architectures by compute capability, and the precision policy that follows.
 
 The table holds only capabilities NVIDIA has published; anything else is reported as
-unknown rather than guessed from the nearest number.
+unknown rather than guessed from the nearest number. Sources, named per entry below:
+- the capability of each product: NVIDIA's "CUDA GPUs - Compute Capability" list and the
+  CUDA C++ Programming Guide, "Compute Capabilities";
+- what the tensor cores of each architecture compute: NVIDIA's architecture whitepapers
+  (Volta, Turing, A100 "Ampere", Ada Lovelace, H100 "Hopper", Blackwell) and, for FP8, the
+  gate torch's own FP8 matmul applies (`_scaled_mm_allowed_device` in
+  aten/src/ATen/native/cuda/ScaledBlas.cpp, Blas.cpp before torch 2.9: major >= 9 or 8.9).
 """
 
 from __future__ import annotations
@@ -20,20 +26,34 @@ class NVIDIAArchitecture(str, enum.Enum):
     UNKNOWN = "unknown"
 
 
+# Source of every entry: NVIDIA "CUDA GPUs - Compute Capability" list (products per
+# capability) and CUDA C++ Programming Guide, "Compute Capabilities" (architecture names).
 _BY_CAPABILITY = {
-    (7, 0): NVIDIAArchitecture.VOLTA, (7, 2): NVIDIAArchitecture.VOLTA,  # V100, Xavier
-    (7, 5): NVIDIAArchitecture.TURING,                                   # T4, RTX 20xx
-    (8, 0): NVIDIAArchitecture.AMPERE, (8, 6): NVIDIAArchitecture.AMPERE,  # A100; A10, RTX 30xx
-    (8, 7): NVIDIAArchitecture.AMPERE,                                   # Jetson Orin
-    (8, 9): NVIDIAArchitecture.ADA,                                      # L4, L40, RTX 40xx
-    (9, 0): NVIDIAArchitecture.HOPPER,                                   # H100, H200
-    (10, 0): NVIDIAArchitecture.BLACKWELL, (10, 3): NVIDIAArchitecture.BLACKWELL,  # B200, B300
-    (12, 0): NVIDIAArchitecture.BLACKWELL, (12, 1): NVIDIAArchitecture.BLACKWELL,  # RTX 50xx, GB10
+    (7, 0): NVIDIAArchitecture.VOLTA,      # V100 (Volta whitepaper)
+    (7, 2): NVIDIAArchitecture.VOLTA,      # Jetson AGX Xavier (Jetson Xavier module spec)
+    (7, 5): NVIDIAArchitecture.TURING,     # T4, RTX 20xx (Turing whitepaper)
+    (8, 0): NVIDIAArchitecture.AMPERE,     # A100 (A100 Tensor Core GPU Architecture)
+    (8, 6): NVIDIAArchitecture.AMPERE,     # A10, RTX 30xx (GA102 whitepaper)
+    (8, 7): NVIDIAArchitecture.AMPERE,     # Jetson AGX Orin (Jetson Orin module spec)
+    (8, 9): NVIDIAArchitecture.ADA,        # L4, L40S, RTX 40xx (Ada Lovelace whitepaper)
+    (9, 0): NVIDIAArchitecture.HOPPER,     # H100, H200 (H100 Tensor Core GPU Architecture)
+    (10, 0): NVIDIAArchitecture.BLACKWELL,  # B200 (Blackwell architecture technical brief)
+    (10, 3): NVIDIAArchitecture.BLACKWELL,  # B300 (Blackwell Ultra; CUDA 12.9 sm_103)
+    (12, 0): NVIDIAArchitecture.BLACKWELL,  # RTX 50xx (RTX Blackwell GPU architecture)
+    (12, 1): NVIDIAArchitecture.BLACKWELL,  # GB10 / DGX Spark (CUDA 12.9 sm_121)
 }
 # Order of the known architectures, for "Ampere and newer" rules.
 _RANK = {arch: rank for rank, arch in enumerate(
     [NVIDIAArchitecture.VOLTA, NVIDIAArchitecture.TURING, NVIDIAArchitecture.AMPERE,
      NVIDIAArchitecture.ADA, NVIDIAArchitecture.HOPPER, NVIDIAArchitecture.BLACKWELL])}
+
+# The oldest architecture whose tensor cores compute each format natively.
+FP16_SINCE = NVIDIAArchitecture.VOLTA   # first tensor cores (Volta whitepaper)
+BF16_SINCE = NVIDIAArchitecture.AMPERE  # bf16 and TF32 (A100 Tensor Core GPU Architecture)
+# e4m3/e5m2: Ada's fourth-generation tensor cores (Ada Lovelace whitepaper, "FP8
+# Transformer Engine"); torch._scaled_mm accepts 8.9 and 9.0+ (ScaledBlas.cpp).
+FP8_SINCE = NVIDIAArchitecture.ADA
+FP8_MIN_CAPABILITY = (8, 9)
 
 
 def architecture_of(major: int, minor: int) -> NVIDIAArchitecture:
@@ -50,7 +70,7 @@ class PrecisionPolicy:
     """What the tensor cores of one architecture compute natively."""
 
     architecture: NVIDIAArchitecture
-    fp8: bool   # e4m3 / e5m2 matmuls (Hopper and newer)
+    fp8: bool   # e4m3 / e5m2 matmuls (Ada and newer)
     bf16: bool  # Ampere and newer
     fp16: bool  # every supported architecture
 
@@ -76,7 +96,7 @@ class PrecisionPolicy:
 def precision_policy(arch: NVIDIAArchitecture) -> PrecisionPolicy:
     return PrecisionPolicy(
         architecture=arch,
-        fp8=at_least(arch, NVIDIAArchitecture.HOPPER),
-        bf16=at_least(arch, NVIDIAArchitecture.AMPERE),
-        fp16=at_least(arch, NVIDIAArchitecture.VOLTA),
+        fp8=at_least(arch, FP8_SINCE),
+        bf16=at_least(arch, BF16_SINCE),
+        fp16=at_least(arch, FP16_SINCE),
     )

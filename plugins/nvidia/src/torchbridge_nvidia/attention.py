@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchbridge_nvidia.errors import FlashAttentionError
+from torchbridge_nvidia.errors import FlashAttentionError, KernelLaunchError
 
 logger = logging.getLogger(__name__)
 PATHS = ("flash_attn_3", "flash_attn_2", "sdpa")
@@ -141,6 +141,28 @@ class FlashAttention3(nn.Module):
             combined = combined + additive
         return combined
 
+    def _run_flash(self, path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   dropout: float) -> torch.Tensor:
+        """The flash-attn kernel of `path`. Its CUDA failures ("no kernel image is available
+        for execution on the device", a GPU flash-attn was not built for) come back as
+        RuntimeError; they are raised as KernelLaunchError naming the kernel."""
+        try:
+            if path == "flash_attn_3":
+                out = _flash_kernels(_flash_attn_3()).flash_attn_func(q, k, v,
+                                                                      causal=self.causal)
+                out = out[0] if isinstance(out, tuple) else out
+            else:
+                out = _flash_kernels(_flash_attn_2()).flash_attn_func(
+                    q, k, v, dropout_p=dropout, causal=self.causal)
+        except torch.OutOfMemoryError:
+            raise  # a RuntimeError too, but memory, not the kernel: callers catch it as such
+        except RuntimeError as exc:
+            raise KernelLaunchError(f"{path} failed on {q.device} ({q.dtype}, head_dim "
+                                    f"{self.head_dim}): {exc}; version='sdpa' runs torch's "
+                                    "attention instead") from exc
+        result: torch.Tensor = out
+        return result
+
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
                 value: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
                 key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -163,12 +185,8 @@ class FlashAttention3(nn.Module):
         self.last_path, self.last_reason = path, reason
         dropout = self.dropout if self.training else 0.0
         out: torch.Tensor
-        if path == "flash_attn_3":
-            out = _flash_kernels(_flash_attn_3()).flash_attn_func(q, k, v, causal=self.causal)
-            out = out[0] if isinstance(out, tuple) else out
-        elif path == "flash_attn_2":
-            out = _flash_kernels(_flash_attn_2()).flash_attn_func(q, k, v, dropout_p=dropout,
-                                                                  causal=self.causal)
+        if path in ("flash_attn_3", "flash_attn_2"):
+            out = self._run_flash(path, q, k, v, dropout)
         else:
             mask = self._sdpa_mask(attn_mask, key_padding_mask, batch, q_len, k_len,
                                    q.device, q.dtype)

@@ -19,8 +19,9 @@ class NVIDIAConfig(ConfigModel):
         default="auto", description="auto: from the device's compute capability; set it "
         "only for a GPU newer than this plugin's table")
     fp8_enabled: bool | Literal["auto"] = Field(
-        default="auto", description="FP8 linears at O3; auto: on Hopper and newer. True on "
-        "an older GPU is an error in strict mode, a skipped pass otherwise")
+        default="auto", description="FP8 linears at O3; auto: on Ada (compute capability "
+        "8.9) and newer. True on an older GPU is an error in strict mode, a skipped pass "
+        "otherwise")
     cudnn_benchmark: bool = Field(default=True, description="let cuDNN pick the fastest "
                                   "convolution algorithm (helps when input shapes are fixed)")
     allow_tf32: bool = Field(default=True, description="TF32 matmuls and convolutions at O2+ "

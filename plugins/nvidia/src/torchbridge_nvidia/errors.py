@@ -15,11 +15,11 @@ class CUDANotAvailableError(NVIDIABackendError, errors.BackendUnavailableError):
 
 
 class CUDADeviceError(NVIDIABackendError, errors.DeviceError):
-    """A CUDA device call failed or the device index does not exist."""
+    """A CUDA device call failed or the device index does not exist (CUDADeviceManager)."""
 
 
 class MemoryAllocationError(NVIDIABackendError, errors.DeviceError):
-    """An allocation on an NVIDIA GPU failed."""
+    """An allocation on an NVIDIA GPU failed; raised as its subclass OutOfMemoryError."""
 
 
 class OutOfMemoryError(MemoryAllocationError, errors.OutOfMemoryError):
@@ -35,11 +35,13 @@ class FlashAttentionError(NVIDIABackendError, errors.KernelError):
 
 
 class InvalidComputeCapabilityError(NVIDIABackendError, errors.DeviceError):
-    """The device's compute capability is too old for the requested feature."""
+    """The device's compute capability is too old for the requested feature: FP8Compiler
+    on a model whose GPU is older than 8.9 (Ada)."""
 
 
 class KernelLaunchError(NVIDIABackendError, errors.KernelLaunchError):
-    """A CUDA kernel failed to launch."""
+    """A CUDA kernel failed to launch: a flash-attn kernel FlashAttention3 chose raised
+    (e.g. "no kernel image is available for execution on the device")."""
 
 
 class InvalidArchitectureError(NVIDIABackendError, errors.ConfigurationError):

@@ -1,5 +1,5 @@
 """Real FP8 inference on NVIDIA GPUs: e4m3 weights and activations with per-tensor scales,
-matmul in torch._scaled_mm (FP8 tensor cores on Hopper and newer). The layer itself is the
+matmul in torch._scaled_mm (FP8 tensor cores on Ada, 8.9, and newer). The layer itself is the
 core's (`torchbridge.fp8`, shared with the AMD plugin, which uses it with gfx94x's fnuz
 dtype); this module adds Transformer Engine, used instead when it is installed and the model
 is on a GPU, and the seed's FP8Compiler. torch._scaled_mm has no backward, so without
@@ -15,7 +15,8 @@ from torch import nn
 from torchbridge import fp8 as core_fp8
 from torchbridge.fp8 import ALIGNMENT, FP8CompilationResult, convert_linears_to_fp8
 
-from torchbridge_nvidia.errors import FP8CompilationError
+from torchbridge_nvidia.architecture import FP8_MIN_CAPABILITY
+from torchbridge_nvidia.errors import FP8CompilationError, InvalidComputeCapabilityError
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
@@ -66,9 +67,29 @@ def _te_linear(te: Any, linear: nn.Linear) -> nn.Module:
     return module
 
 
+def gpu_capability(model: nn.Module) -> tuple[int, int] | None:
+    """(major, minor) of the GPU the model's parameters are on; None on the CPU."""
+    device = next((p.device for p in model.parameters() if p.is_cuda), None)
+    if device is None:
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return int(major), int(minor)
+
+
+def _check_capability(capability: tuple[int, int]) -> None:
+    # torch._scaled_mm refuses older GPUs only at the first forward (ScaledBlas.cpp); say so
+    # at conversion, with the fix.
+    if capability < FP8_MIN_CAPABILITY:
+        raise InvalidComputeCapabilityError(
+            f"FP8 linears need FP8 tensor cores (compute capability "
+            f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}, Ada, or newer); this GPU is "
+            f"{capability[0]}.{capability[1]}. Use bf16 or fp16 autocast instead")
+
+
 class FP8Compiler:
     """`FP8Compiler().compile_with_fp8(model)` swaps every eligible nn.Linear (dimensions
-    divisible by 16) for an FP8 layer, in place, and reports coverage."""
+    divisible by 16) for an FP8 layer, in place, and reports coverage. A model on a GPU
+    older than compute capability 8.9 raises InvalidComputeCapabilityError."""
 
     def __init__(self, config: Any = None, *, use_transformer_engine: bool | None = None
                  ) -> None:
@@ -79,7 +100,10 @@ class FP8Compiler:
                          ) -> FP8CompilationResult:
         if not isinstance(model, nn.Module):
             raise FP8CompilationError(f"expected an nn.Module, got {type(model).__name__}")
-        on_gpu = any(p.is_cuda for p in model.parameters())
+        capability = gpu_capability(model)
+        if capability is not None:
+            _check_capability(capability)
+        on_gpu = capability is not None
         te = _transformer_engine() if self.use_transformer_engine is not False and on_gpu \
             else None
         if self.use_transformer_engine and te is None:

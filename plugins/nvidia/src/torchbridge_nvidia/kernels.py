@@ -80,6 +80,8 @@ def _missing(module: str, package: str) -> str | None:
 def implementations() -> list[KernelImplementation]:
     # Made once: the same objects each call, so each gets one wrapper op.
     return [
+        # flash-attn README: FlashAttention-3 is for Hopper (H100/H800); FlashAttention-2
+        # for Ampere, Ada and Hopper, fp16/bf16, head dimensions up to 256.
         KernelImplementation(
             "scaled_dot_product_attention", "flash_attn_3", flash_attn_3, backends=("cuda",),
             dtypes=HALF, min_capability=(9, 0), declines=_hopper_only, priority=2,
@@ -90,7 +92,8 @@ def implementations() -> list[KernelImplementation]:
             dtypes=HALF, min_capability=(8, 0), declines=_declines, priority=1,
             unavailable=_missing("flash_attn", "flash-attn 2 (flash_attn)"),
             description="FlashAttention-2"),
-        # FP8 tensor cores: Ada (8.9) and Hopper (9.0) onwards.
+        # FP8 tensor cores: Ada (8.9) and Hopper (9.0) onwards (architecture.FP8_SINCE;
+        # torch's _scaled_mm_allowed_device in ScaledBlas.cpp).
         fp8_linear_implementation("cuda_fp8_linear_e4m3", torch.float8_e4m3fn,
                                   backends=("cuda",), min_capability=(8, 9)),
     ]

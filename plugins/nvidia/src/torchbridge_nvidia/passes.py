@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torchbridge.levels import OptimizationLevel
+from torchbridge.optimize.core_passes import compile_ahead, compiled_with
 from torchbridge.optimize.passes import OptimizationPass, PassContext
+from torchbridge.optimize.settings import CUDNN_BENCHMARK, CUDNN_TF32, TF32_MATMUL
 
 from torchbridge_nvidia.architecture import (
     NVIDIAArchitecture,
@@ -71,9 +73,14 @@ def _cudnn_check(model: nn.Module, ctx: PassContext) -> str | None:
 
 def _cudnn_benchmark(model: nn.Module, ctx: PassContext) -> nn.Module:
     torch.backends.cudnn.benchmark = True
-    ctx.notes.append("cudnn_benchmark: torch.backends.cudnn.benchmark is process-wide; it "
-                     "pays off when input shapes stay fixed (each new shape is re-tuned)")
+    ctx.notes.append("cudnn_benchmark: pays off when input shapes stay fixed (each new shape "
+                     "is re-tuned); set around the prepared model's calls only")
     return model
+
+
+def _cudnn_benchmark_on(model: nn.Module, ctx: PassContext) -> str | None:
+    return None if torch.backends.cudnn.benchmark else \
+        "torch.backends.cudnn.benchmark is not set"
 
 
 def _tf32_check(model: nn.Module, ctx: PassContext) -> str | None:
@@ -88,9 +95,17 @@ def _tf32_check(model: nn.Module, ctx: PassContext) -> str | None:
 def _tf32(model: nn.Module, ctx: PassContext) -> nn.Module:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    ctx.notes.append("tf32: float32 matmuls and convolutions use TF32 tensor cores "
-                     "(process-wide setting)")
+    ctx.notes.append("tf32: float32 matmuls and convolutions use TF32 tensor cores (set "
+                     "around the prepared model's calls only)")
     return model
+
+
+def _tf32_on(model: nn.Module, ctx: PassContext) -> str | None:
+    if _tf32_check(model, ctx) is not None:
+        return _tf32_check(model, ctx)
+    if not (torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32):
+        return "torch did not take allow_tf32"
+    return None
 
 
 def _max_autotune(model: nn.Module, ctx: PassContext) -> nn.Module:
@@ -101,12 +116,17 @@ def _max_autotune(model: nn.Module, ctx: PassContext) -> nn.Module:
     return model
 
 
+def _max_autotune_check(model: nn.Module, ctx: PassContext) -> str | None:
+    return compile_ahead(ctx)  # options of the compile pass: nothing without it
+
+
 def fp8_skip_reason(policy: PrecisionPolicy, setting: bool | str, strict: bool) -> str | None:
     if setting is False:
         return "config hardware.nvidia.fp8_enabled is off"
     if policy.fp8:
         return None
-    why = f"{policy.architecture.value} has no FP8 tensor cores (Hopper and newer do)"
+    why = f"{policy.architecture.value} has no FP8 tensor cores (Ada, compute capability " \
+          "8.9, and newer do)"
     if setting is True:
         if strict:
             raise InvalidArchitectureError(f"hardware.nvidia.fp8_enabled=True, but {why}",
@@ -138,12 +158,16 @@ def nvidia_passes(backend: Backend) -> list[OptimizationPass]:
     o1, o2, o3 = OptimizationLevel.O1, OptimizationLevel.O2, OptimizationLevel.O3
     passes: list[Any] = [
         OptimizationPass("cudnn_benchmark", "cuDNN autotunes convolution algorithms", o1,
-                         _cudnn_benchmark, _cudnn_check, order=30, mutates=False),
+                         _cudnn_benchmark, _cudnn_check, order=30, mutates=False,
+                         settings=(CUDNN_BENCHMARK,), effect=_cudnn_benchmark_on),
         OptimizationPass("tf32", "TF32 tensor cores for float32 matmuls and convolutions",
-                         o2, _tf32, _tf32_check, order=35, mutates=False),
+                         o2, _tf32, _tf32_check, order=35, mutates=False,
+                         settings=(TF32_MATMUL, CUDNN_TF32), effect=_tf32_on),
         OptimizationPass("fp8_linear", "nn.Linear layers swapped for FP8 (e4m3) layers",
                          o3, _fp8, _fp8_check, mode="inference", order=55),
         OptimizationPass("max_autotune", "inductor max-autotune and CUDA graphs", o3,
-                         _max_autotune, mode="inference", order=79, mutates=False),
+                         _max_autotune, _max_autotune_check, mode="inference", order=79,
+                         mutates=False,
+                         effect=compiled_with("max_autotune")),
     ]
     return passes

@@ -10,6 +10,8 @@ from torchbridge.config import ConfigModel
 
 
 class TPUVersion(str, enum.Enum):
+    """The generations of generations.GENERATIONS, and auto."""
+
     AUTO = "auto"
     V2 = "v2"
     V3 = "v3"
@@ -18,18 +20,28 @@ class TPUVersion(str, enum.Enum):
     V5P = "v5p"
     V6E = "v6e"
     V7 = "v7"
+    V7X = "v7x"  # Ironwood, device kind "TPU7x"
 
 
 class TPUTopology(str, enum.Enum):
+    """What topology.py checks against the runtime."""
+
+    AUTO = "auto"
     SINGLE = "single"
     POD = "pod"
     SUPERPOD = "superpod"
 
 
 class TPUConfig(ConfigModel):
-    version: TPUVersion = Field(default=TPUVersion.AUTO,
-                                description="auto: read from the runtime's device kind")
-    topology: TPUTopology = TPUTopology.SINGLE
+    version: TPUVersion = Field(
+        default=TPUVersion.AUTO, description="auto: read from the runtime's device kind; a "
+        "version fills in only for a TPU this plugin's table does not know (it picks the "
+        "dtypes DeviceInfo reports); one contradicting the device is noted and ignored")
+    topology: TPUTopology = Field(
+        default=TPUTopology.AUTO, description="auto: from the runtime (DeviceInfo.extra"
+        "['topology']); single (one host), pod (one slice over several hosts) or superpod "
+        "(several slices, Multislice) states what the job expects: a runtime reporting "
+        "otherwise is noted in DeviceInfo.notes")
     compilation_mode: Literal["openxla", "lazy"] = Field(
         default="openxla", description="openxla: torch.compile(backend='openxla') at O2+; "
         "lazy: torch_xla's lazy tensor tracing only (the seeds' 'torch_xla')")

@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torchbridge.levels import OptimizationLevel
+from torchbridge.optimize.core_passes import compiled
 from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext
+from torchbridge.optimize.settings import ProcessSetting
 
 if TYPE_CHECKING:
     from torchbridge.backend import Backend
@@ -103,6 +105,21 @@ def _compilation_cache(model: nn.Module, ctx: PassContext) -> nn.Module:
     return model
 
 
+# XLA allows one persistent cache per process, set before its first compilation: the
+# pipeline reports it as process-wide and cannot set it back.
+XLA_CACHE = ProcessSetting("torch_xla persistent compilation cache", lambda: _cache_dir, None,
+                           scope="process", why_process="XLA sets one cache per process, "
+                           "before its first compilation, and cannot unset it")
+
+
+def _cache_in_use(model: nn.Module, ctx: PassContext) -> str | None:
+    return None if _cache_dir is not None else "no XLA compilation cache was initialized"
+
+
+def _counters_read(model: nn.Module, ctx: PassContext) -> str | None:
+    return None  # its effect is what it read from the counters, in the report's notes
+
+
 def _compile_check(model: nn.Module, ctx: PassContext) -> str | None:
     if _section(ctx).compilation_mode == "lazy":
         return "config hardware.tpu.compilation_mode is lazy: torch_xla traces lazily, " \
@@ -115,7 +132,8 @@ def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
     # (attributes, methods, hooks), as with the core's own compile pass.
     from torchbridge.optimize.forward import compiled_forward
 
-    compiled_forward(model, lambda fn: torch.compile(fn, backend="openxla"))
+    compiled_forward(model, lambda fn: torch.compile(fn, backend="openxla"),
+                     options={"backend": "openxla"})
     ctx.notes.append("compile: torch.compile(backend='openxla'); the first call compiles")
     return model
 
@@ -125,11 +143,13 @@ def tpu_passes(backend: Backend) -> list[OptimizationPass]:
     passes = [
         OptimizationPass("xla_graph_check", "ran the model twice and read torch_xla's "
                          "counters for recompilation, host fallbacks and round trips", o1,
-                         _graph_check, _graph_check_check, order=5, mutates=False),
+                         _graph_check, _graph_check_check, order=5, mutates=False,
+                         effect=_counters_read),
         OptimizationPass("xla_compilation_cache", "XLA's persistent compilation cache", o2,
-                         _compilation_cache, _cache_check, order=1, mutates=False),
+                         _compilation_cache, _cache_check, order=1, mutates=False,
+                         settings=(XLA_CACHE,), effect=_cache_in_use),
         OptimizationPass("compile", "torch.compile with the openxla backend", o2, _compile,
-                         _compile_check, order=80, mutates=False),
+                         _compile_check, order=80, mutates=False, effect=compiled),
     ]
     section = backend.hardware_config
     if section is not None and section.precision == "float32":

@@ -60,12 +60,13 @@ def torchbridge_detect() -> Detection:
 
 
 @hookimpl
-def torchbridge_device_info(backend_name: str, device: torch.device) -> DeviceInfo | None:
+def torchbridge_device_info(backend_name: str, device: torch.device, backend: Backend
+                            ) -> DeviceInfo | None:
     if not _mine(backend_name, device):
         return None
     from torchbridge_tpu.xla import describe_device
 
-    return describe_device(device, backend_name)
+    return describe_device(device, backend_name, backend.hardware_config)
 
 
 @hookimpl

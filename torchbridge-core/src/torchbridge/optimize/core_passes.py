@@ -23,7 +23,7 @@ from torch import nn
 
 from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize import folding
-from torchbridge.optimize.forward import autocast_forward, compiled_forward
+from torchbridge.optimize.forward import autocast_forward, compile_state, compiled_forward
 from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
 
@@ -33,6 +33,13 @@ CHANNELS_LAST_DEVICES = {"cpu", "cuda", "xpu"}
 
 def _place(model: nn.Module, ctx: PassContext) -> nn.Module:
     return model.to(ctx.backend.device)
+
+
+def _placed(model: nn.Module, ctx: PassContext) -> str | None:
+    kind = ctx.backend.device.type
+    away = [name for name, t in [*model.named_parameters(), *model.named_buffers()]
+            if t.device.type != kind]
+    return f"{', '.join(away[:3])} not on {kind}" if away else None
 
 
 def _has_conv_bn(model: nn.Module) -> bool:
@@ -74,6 +81,14 @@ def _channels_last_check(model: nn.Module, ctx: PassContext) -> str | None:
 def _channels_last(model: nn.Module, ctx: PassContext) -> nn.Module:
     converted: nn.Module = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     return converted
+
+
+def _is_channels_last(model: nn.Module, ctx: PassContext) -> str | None:
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    if convs and all(m.weight.is_contiguous(memory_format=torch.channels_last)
+                     for m in convs):
+        return None
+    return "no Conv2d weight is channels_last"
 
 
 def _float_dtypes(model: nn.Module) -> set[torch.dtype]:
@@ -175,7 +190,7 @@ def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
         else None
     compiled_forward(model, lambda fn: torch.compile(fn, backend=backend,
                                                      options=options or None),
-                     inductor_config)
+                     inductor_config, options)
     when = "compiled on the sample input inside prepare_model" if ctx.sample_input is not None \
         else "the first call compiles; if that fails the model runs uncompiled, with a warning"
     settings = f", inductor config {inductor_config}" if inductor_config else ""
@@ -184,18 +199,53 @@ def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
     return model
 
 
+def compile_ahead(ctx: PassContext) -> str | None:
+    """Why the compile pass will not run, as far as a pass before it can tell (a veto or a
+    failure shows only in the effect check at the end); None when it may."""
+    if "compile" in ctx.config.optimization.disabled_passes:
+        return "compile is disabled by config optimization.disabled_passes"
+    skip: str | None = ctx.state.get("skip_compile")
+    return f"compile is skipped ({skip})" if skip else None
+
+
+def compiled(model: nn.Module, ctx: PassContext) -> str | None:
+    """The compile pass's effect: the prepared model runs a compiled forward that has not
+    failed (without a sample input, the first call compiles: a failure shows only then)."""
+    state = compile_state(model)
+    if state is None:
+        return "the model's forward is not compiled"
+    if state.error is not None:
+        return f"the compiled forward failed ({type(state.error).__name__}); it runs " \
+               "uncompiled"
+    return None
+
+
+def compiled_with(option: str, where: str = "options") -> Any:
+    """The effect of a pass that sets a compile option: the compiled forward was built with
+    `option` true (where: "options" of torch.compile or "inductor_config")."""
+    def effect(model: nn.Module, ctx: PassContext) -> str | None:
+        state = compile_state(model)
+        if state is None or compiled(model, ctx) is not None:
+            return f"{option} is a compile option, and the model is not compiled"
+        if not getattr(state, where).get(option):
+            return f"the model was compiled without {option}"
+        return None
+    return effect
+
+
 def core_passes() -> list[OptimizationPass]:
     from torchbridge.optimize.transformer import composite_check, use_composite_path
 
     o0, o1, o2 = OptimizationLevel.O0, OptimizationLevel.O1, OptimizationLevel.O2
     o3 = OptimizationLevel.O3
     return [
-        OptimizationPass("device_placement", "moved parameters and buffers to the device",
-                         o0, _place, order=0),
+        OptimizationPass("device_placement", "parameters and buffers on the device",
+                         o0, _place, order=0, effect=_placed),
         OptimizationPass("conv_bn_folding", "folded BatchNorm into the preceding convolution",
                          o1, _fold_conv_bn, _conv_bn_check, mode="inference", order=10),
         OptimizationPass("channels_last", "converted conv weights to channels_last (NHWC)",
-                         o1, _channels_last, _channels_last_check, order=20),
+                         o1, _channels_last, _channels_last_check, order=20,
+                         effect=_is_channels_last),
         OptimizationPass("transformer_composite", "TransformerEncoderLayers run ordinary "
                          "ops instead of the fused fast path that ignores CPU autocast",
                          o2, use_composite_path, composite_check, mode="inference",
@@ -208,5 +258,5 @@ def core_passes() -> list[OptimizationPass]:
                          _low_precision_weights, _weights_check, mode="inference",
                          order=62),
         OptimizationPass("compile", "torch.compile with inductor", o2, _compile,
-                         _compile_check, order=80, mutates=False),
+                         _compile_check, order=80, mutates=False, effect=compiled),
     ]

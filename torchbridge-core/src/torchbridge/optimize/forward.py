@@ -39,6 +39,8 @@ def _own_code(fn: Callable[..., Any], like: Callable[..., Any]) -> Callable[...,
 
 
 _RECIPE = "_torchbridge_forward_recipe"
+# The instance attributes install_forward sets: how the model runs, not what it holds.
+FORWARD_KEYS = frozenset({"forward", "__deepcopy__", _RECIPE})
 
 
 def install_forward(model: nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]],
@@ -72,30 +74,37 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
     """Forward under torch.autocast; floating outputs in `dtype` come back in `out_dtype`
     (the model's own dtype), in the same containers."""
 
+    # Outside the compiled region: registering an output type is Python bookkeeping.
+    # Decorated here, not at import: torch.compiler.disable imports torch._dynamo (about
+    # 1.5 s), which get_backend() must not pay (tests/test_startup.py).
+    cast_back = torch.compiler.disable(_cast_back)  # type: ignore[no-untyped-call,unused-ignore]
+
     def make(inner: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
             with torch.autocast(device_type=device_type, dtype=dtype):
                 out = inner(*args, **kwargs)
-            return _cast_back(out, dtype, out_dtype)
+            return cast_back(out, dtype, out_dtype)
         return forward
 
     install_forward(model, make, lambda twin: autocast_forward(twin, device_type, dtype,
                                                                out_dtype))
 
 
-@torch._dynamo.disable  # type: ignore[misc,untyped-decorator,unused-ignore]
 def _cast_back(out: Any, dtype: torch.dtype, out_dtype: torch.dtype) -> Any:
-    # Outside the compiled region: registering an output type is Python bookkeeping.
     return trees.map_tensors(lambda t: t.to(out_dtype) if t.dtype == dtype else t, out)
 
 
 class CompileState:
     """What the compiled forward of one model went through: the first error, if any, and
-    the call signature it is compiled for."""
+    the call signature it is compiled for; and what it was compiled with (torch.compile's
+    options, inductor settings around its calls), so that passes can show their effect."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: dict[str, Any] | None = None,
+                 inductor_config: dict[str, Any] | None = None) -> None:
         self.error: BaseException | None = None
         self.signature: tuple[int, frozenset[str]] | None = None
+        self.options = dict(options or {})
+        self.inductor_config = dict(inductor_config or {})
 
 
 def call_signature(args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -105,7 +114,8 @@ def call_signature(args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], Any],
-                     inductor_config: dict[str, Any] | None = None) -> CompileState:
+                     inductor_config: dict[str, Any] | None = None,
+                     options: dict[str, Any] | None = None) -> CompileState:
     """Forward compiled by `compile(fn)`. Compiling happens at the first call; if the
     compiled forward raises where the uncompiled one runs, the model keeps running
     uncompiled, with one logged warning, and `state.error` holds the compile error.
@@ -119,7 +129,7 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
 
     `inductor_config`: settings of torch._inductor.config in force around every compiled
     call, so around every compile and recompile (see core_passes._compile for why)."""
-    state = CompileState()
+    state = CompileState(options, inductor_config)
 
     def make(inner: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -146,7 +156,7 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
         return forward
 
     install_forward(model, make,
-                    lambda twin: compiled_forward(twin, compile, inductor_config))
+                    lambda twin: compiled_forward(twin, compile, inductor_config, options))
     return state
 
 
@@ -170,7 +180,22 @@ def _patched_inductor(settings: dict[str, Any] | None) -> Iterator[None]:
 
 
 def compile_state(model: nn.Module) -> CompileState | None:
-    forward = model.__dict__.get("forward")
-    closure = getattr(forward, "__closure__", None) or ()
-    return next((c.cell_contents for c in closure
-                 if isinstance(c.cell_contents, CompileState)), None)
+    """The state of the model's compiled forward, found through the forwards installed
+    around it (scoped settings, autocast); None when the model is not compiled."""
+    todo: list[Any] = [model.__dict__.get("forward")]
+    seen: set[int] = set()
+    while todo:
+        fn = todo.pop()
+        if id(fn) in seen or len(seen) > 64:
+            continue
+        seen.add(id(fn))
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(value, CompileState):
+                return value
+            if isinstance(value, types.FunctionType):
+                todo.append(value)
+    return None

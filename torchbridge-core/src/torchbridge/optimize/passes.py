@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from torchbridge.backend import Backend
     from torchbridge.config import TorchBridgeConfig
+    from torchbridge.optimize.settings import ProcessSetting
     from torchbridge.types import DeviceInfo
 
 
@@ -48,8 +49,23 @@ class OptimizationPass:
     `check(model, ctx)` returns None when the pass applies, else the reason it is skipped.
     `apply(model, ctx)` returns the transformed model. Passes run in ascending `order`:
     placement 0, exact rewrites 10-40, precision 60, compilation 80, after compilation 90.
-    `mutates=True` means apply changes the model it is given, so the pipeline snapshots it
-    first to roll back on failure; a pass that only wraps the model sets it False.
+    `mutates=False` says apply changes neither the weights nor the structure of the model
+    (it may replace the forward: autocast, compile). The pipeline does not trust it: it
+    snapshots the model before every pass and compares after; a pass that declared False
+    and changed weights or structure is rolled back and reported as having done so.
+
+    `settings`: the process-wide settings apply changes (torchbridge.optimize.settings:
+    TF32_MATMUL, CUDNN_BENCHMARK, ...). The report lists each change with its value before
+    and after; settings torch reads at call time are then scoped to the prepared model's
+    calls. A change to a setting the pipeline watches that the pass did not declare is
+    rolled back as a failure.
+
+    `effect(model, ctx)`: what the pass's effect looks like once every pass has run (a pass
+    may depend on a later one: max_autotune on compile). None when it is observed on the
+    prepared model or the process, else what is missing: the pass is then reported skipped
+    ("no effect: ..."), and the settings it changed are put back. Without `effect`, the
+    pipeline takes what it observes right after apply: a pass that changed nothing in the
+    model, the watched settings or `ctx.state` is reported skipped.
     """
 
     name: str
@@ -61,6 +77,8 @@ class OptimizationPass:
     order: int = 50
     mutates: bool = True
     veto_reason: str | None = None
+    settings: tuple[ProcessSetting, ...] = ()
+    effect: Callable[[nn.Module, PassContext], str | None] | None = None
 
     @classmethod
     def veto(cls, name: str, reason: str) -> OptimizationPass:

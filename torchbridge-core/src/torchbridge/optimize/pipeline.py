@@ -9,10 +9,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
-from torchbridge.errors import ConfigurationError, ModelOptimizationError, TorchBridgeError
+from torchbridge.errors import (
+    ConfigurationError,
+    ModelOptimizationError,
+    TorchBridgeError,
+    UnsupportedDtypeError,
+)
 from torchbridge.levels import LEVEL_TOLERANCE, OptimizationLevel
+from torchbridge.optimize import settings as process
 from torchbridge.optimize.forward import compile_state
 from torchbridge.optimize.measure import (
     compare_latency,
@@ -22,7 +30,8 @@ from torchbridge.optimize.measure import (
 )
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
 from torchbridge.optimize.report import OptimizationResult, PassRecord, attach_result
-from torchbridge.optimize.snapshot import ModelSnapshot
+from torchbridge.optimize.settings import ProcessSetting, watched
+from torchbridge.optimize.snapshot import ModelChanges, ModelSnapshot, SnapshotRestoreError
 from torchbridge.plugins import get_plugin_host, is_fatal
 from torchbridge.types import DeviceInfo
 
@@ -62,6 +71,12 @@ def _pass_problem(p: object) -> str | None:
         return f"pass {p.name!r}: order must be a number, got {p.order!r}"
     if not isinstance(p.mutates, bool):
         return f"pass {p.name!r}: mutates must be True or False, got {p.mutates!r}"
+    if not isinstance(p.settings, (tuple, list)) or not all(
+            isinstance(s, ProcessSetting) for s in p.settings):
+        return f"pass {p.name!r}: settings must be a tuple of ProcessSetting, got " \
+               f"{p.settings!r:.80}"
+    if p.effect is not None and not callable(p.effect):
+        return f"pass {p.name!r}: effect must be callable or None, got {p.effect!r}"
     return None
 
 
@@ -170,24 +185,276 @@ class _Unverified(Exception):
     """A pass's result failed the check on the sample input."""
 
 
-def _changed(p: OptimizationPass, before: nn.Module, after: nn.Module,
-             forward: object) -> bool:
-    return p.mutates or after is not before or after.__dict__.get("forward") is not forward
+class _Lied(Exception):
+    """A pass changed what it declared it would not."""
 
 
-def _device_info(backend: Backend, result: OptimizationResult) -> DeviceInfo:
+def _lie(p: OptimizationPass, changes: ModelChanges) -> str | None:
+    """What the pass changed against its own declaration, or None."""
+    declared = {s.name for s in p.settings}
+    problems = [f"changed the process-wide setting {name} ({before!r} -> {after!r}) without "
+                "declaring it in OptimizationPass.settings"
+                for name, (_, before, after) in changes.settings.items()
+                if name not in declared]
+    if not p.mutates and changes.mutated:
+        problems.append("declared mutates=False but changed " + ModelChanges(
+            tensors=changes.tensors, structure=changes.structure).describe())
+    return "; ".join(problems) or None
+
+
+def _state_changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    try:
+        return bool(before != after)
+    except Exception:  # values that do not compare (tensors): count as changed
+        return True
+
+
+@dataclass
+class _Applied:
+    """A pass that was applied: the model as it was before it, and what it changed."""
+
+    plugin: str
+    p: OptimizationPass
+    before: ModelSnapshot
+    changes: ModelChanges
+    record: int  # its index in result.passes
+    effective: bool = True
+
+
+def _device_info(backend: Backend, notes: list[str]) -> DeviceInfo:
     """The device's description for the passes. When no plugin can describe the device,
     the run goes on knowing nothing about it: float32 only, no low-precision dtype, so
     passes that need more skip themselves; the report says why."""
     try:
         return backend.get_device_info()
     except TorchBridgeError as exc:
-        result.notes.append(f"device description unavailable ({exc}); passes ran as for an "
-                            "unknown device: float32 only")
+        notes.append(f"device description unavailable ({exc}); passes ran as for an "
+                     "unknown device: float32 only")
         return DeviceInfo(name="unknown", backend=backend.name, memory_total_gb=None,
                           memory_available_gb=None, compute_capability=None,
                           supported_dtypes=["float32"], device=str(backend.device),
                           notes=str(exc))
+
+
+def refuse_float64(model: nn.Module, sample_input: Any, info: DeviceInfo) -> None:
+    """A device whose description says it has no float64 (`extra["fp64"] is False`) cannot
+    run a float64 model at all: refused before anything is placed, in every mode."""
+    if info.extra.get("fp64") is not False:
+        return
+    found = [name for name, t in [*model.named_parameters(), *model.named_buffers()]
+             if t.dtype == torch.float64]
+    found += [f"sample_input[{i}]" for i, leaf in enumerate(pytree.tree_leaves(sample_input))
+              if isinstance(leaf, torch.Tensor) and leaf.dtype == torch.float64]
+    if found:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5
+                                        else "")
+        raise UnsupportedDtypeError(
+            f"float64 tensors ({shown}): {info.name} has no float64 support (its device "
+            "description says fp64 is False), so the model cannot run there. Convert the "
+            "model and its inputs with .float() (or .to(torch.float32)) first")
+
+
+class _Run:
+    """One prepare_model run: the passes applied so far, each with the snapshot of the model
+    before it, so that any of them, or all, can be undone in reverse order."""
+
+    def __init__(self, backend: Backend, work: nn.Module, ctx: PassContext,
+                 result: OptimizationResult, call: Callable[[nn.Module], Any] | None,
+                 tolerance: float, strict: bool) -> None:
+        self.backend, self.work, self.ctx, self.result = backend, work, ctx, result
+        self.call, self.tolerance, self.strict = call, tolerance, strict
+        self.applied: list[_Applied] = []
+        self.scoping: ModelSnapshot | None = None  # before the scoped-settings forward
+        self.reference: Any = None
+        self.have_reference = False
+        # The snapshot to share saved tensors with, and the tensors unchanged since it.
+        self.last: ModelSnapshot | None = None
+        self.unchanged: set[int] = set()
+
+    # -- the passes ------------------------------------------------------------------------
+    def run(self, plugin: str, p: OptimizationPass) -> None:
+        if self.call is not None and not self.have_reference and p.order > 0:
+            # O0's output: the model as given, placed on the device.
+            try:
+                self.reference = _run_sample(self.work, self.call)
+            except Exception as exc:
+                raise ModelOptimizationError(
+                    f"the model raised on the sample input before any pass ran: "
+                    f"{type(exc).__name__}: {exc}") from exc
+            self.have_reference = True
+        result, ctx = self.result, self.ctx
+        started = time.perf_counter()
+        try:
+            reason = _skip_reason(p, plugin, self.work, ctx)
+        except Exception as exc:
+            self._failed(plugin, p, exc)
+            return
+        if reason is not None:
+            result.passes.append(PassRecord(p.name, "skipped", reason, plugin))
+            return
+        before = ModelSnapshot(self.work, watched(p.settings), self.last, self.unchanged)
+        saved_state, saved_notes = _copy_state(ctx.state), len(ctx.notes)
+        try:
+            assert p.apply is not None
+            out = p.apply(self.work, ctx)
+            if not isinstance(out, nn.Module):
+                raise TypeError(f"apply returned {type(out).__name__}, expected the "
+                                "nn.Module it was given or its replacement")
+            changes = before.changes(out)
+            lie = _lie(p, changes)
+            if lie is not None:
+                raise _Lied(lie)
+            if p.effect is None and not changes and \
+                    not _state_changed(saved_state, ctx.state):
+                raise PassSkipped("apply changed nothing: not the model, not a process-wide "
+                                  "setting, not the run's state")
+            if self.have_reference and (changes.model or changes.settings):
+                _verify(out, self.call, self.reference, self.tolerance)  # type: ignore[arg-type]
+        except BaseException as exc:
+            ctx.state.clear()
+            ctx.state.update(saved_state)
+            del ctx.notes[saved_notes:]
+            try:
+                before.restore()  # the model as it was, also the caller's own (inplace)
+            except SnapshotRestoreError as restore_error:
+                raise ModelOptimizationError(
+                    f"pass {p.name!r} (plugin {plugin}) failed ({type(exc).__name__}: "
+                    f"{exc}) and {restore_error}") from exc
+            self.last, self.unchanged = before, {id(r.tensor) for r in before.tensors}
+            if is_fatal(exc):
+                raise
+            self._failed(plugin, p, exc)
+            return
+        self.work = out
+        self.last, self.unchanged = before, changes.unchanged
+        self.applied.append(_Applied(plugin, p, before, changes, len(result.passes)))
+        result.passes.append(PassRecord(p.name, "applied", p.description, plugin,
+                                        time.perf_counter() - started))
+
+    def _failed(self, plugin: str, p: OptimizationPass, exc: BaseException) -> None:
+        if isinstance(exc, PassSkipped):
+            self.result.passes.append(PassRecord(p.name, "skipped", str(exc), plugin))
+            return
+        if isinstance(exc, _Lied):
+            error = f"rolled back: the pass {exc}"
+            record = get_plugin_host().records.get(plugin)
+            if record is not None:
+                record.warn(f"pass {p.name!r} {exc}")
+        elif isinstance(exc, _Unverified):
+            error = str(exc)
+        else:
+            error = f"{type(exc).__name__}: {exc}"
+        logger.warning("pass %s (plugin %s) failed and was rolled back: %s", p.name,
+                       plugin, error)
+        self.result.passes.append(PassRecord(p.name, "failed", error, plugin))
+        if self.strict:
+            if isinstance(exc, TorchBridgeError):
+                raise exc  # already names the problem (a plugin's own error class)
+            raise ModelOptimizationError(f"pass {p.name!r} (plugin {plugin}) failed: "
+                                         f"{error}") from exc
+
+    # -- when every pass has run -----------------------------------------------------------
+    def check_effects(self) -> None:
+        """Each applied pass with an `effect` shows it on the prepared model; one that does
+        not is reported skipped, and the settings it changed are put back."""
+        for entry in self.applied:
+            if entry.p.effect is None:
+                continue
+            try:
+                missing = entry.p.effect(self.work, self.ctx)
+            except Exception as exc:
+                missing = f"its effect check raised {type(exc).__name__}: {exc}"
+            if missing is None:
+                continue
+            entry.effective = False
+            self.result.passes[entry.record] = PassRecord(
+                entry.p.name, "skipped", f"no effect: {missing}", entry.plugin)
+            for _, (setting, before, after) in entry.changes.settings.items():
+                if not process.differs(process.read(setting), after):
+                    process.put(setting, before)
+            if entry.changes.model:
+                self.result.notes.append(f"{entry.p.name}: its changes to the model stay "
+                                         f"({entry.changes.describe()})")
+
+    def settle_settings(self) -> None:
+        """The process-wide settings the applied passes changed, in the report; those torch
+        reads at call time put back and set around each call of the prepared model."""
+        changes: dict[str, process.SettingChange] = {}
+        for entry in self.applied:
+            if not entry.effective:
+                continue
+            for name, (setting, before, after) in entry.changes.settings.items():
+                first = changes.get(name)
+                changes[name] = process.SettingChange(
+                    name, first.before if first else before, after, setting.scope,
+                    entry.p.name, entry.plugin, setting.why_process, setting)
+        kept = [c for c in changes.values() if process.differs(c.before, c.after)]
+        self.result.process_settings = kept
+        scoped = [c for c in kept if c.scope == "call"]
+        for change in scoped:
+            assert change.setting is not None
+            process.put(change.setting, change.before)
+        if scoped:
+            self.scoping = ModelSnapshot(self.work)
+            process.scope_to_calls(self.work, scoped)
+
+    def final_check(self) -> None:
+        """The prepared model against O0 on the sample input, once more, as returned. Outside
+        the level's tolerance, passes are undone from the last until it holds (strict:
+        the run fails)."""
+        if self.call is None:
+            return
+        if not self.have_reference:  # no pass after placement: the model is O0's
+            self.reference = _run_sample(self.work, self.call)
+            self.have_reference = True
+        while True:
+            try:
+                _, max_abs, max_rel = _verify(self.work, self.call, self.reference,
+                                                self.tolerance)
+                self.result.max_abs_diff, self.result.max_rel_diff = max_abs, max_rel
+                return
+            except Exception as exc:
+                problem = str(exc) if isinstance(exc, _Unverified) else \
+                    f"{type(exc).__name__}: {exc}"
+            why = f"the prepared model, checked once more at the end, is no drop-in for " \
+                  f"O0 on the sample input: {problem}"
+            if self.strict or not self.applied:
+                raise ModelOptimizationError(why)
+            entry = self.undo_last()
+            self.result.passes[entry.record] = PassRecord(
+                entry.p.name, "failed", f"undone after the run: {why}", entry.plugin)
+            self.result.notes.append(f"{why}; undid {entry.p.name} (plugin {entry.plugin}) "
+                                     "and checked again")
+            self.settle_settings()
+
+    # -- undoing ---------------------------------------------------------------------------
+    def _unscope(self) -> None:
+        if self.scoping is not None:
+            self.scoping.restore()
+            self.scoping = None
+
+    def undo_last(self) -> _Applied:
+        self._unscope()
+        entry = self.applied.pop()
+        entry.before.restore()
+        self.work = entry.before.model
+        return entry
+
+    def undo_all(self) -> str | None:
+        """Every applied pass undone, in reverse order; what could not be, if anything."""
+        problems = []
+        try:
+            self._unscope()
+        except SnapshotRestoreError as exc:
+            problems.append(str(exc))
+        while self.applied:
+            entry = self.applied.pop()
+            try:
+                entry.before.restore()
+            except SnapshotRestoreError as exc:
+                problems.append(f"after pass {entry.p.name} (plugin {entry.plugin}): {exc}")
+            self.work = entry.before.model
+        return "; ".join(problems) or None
 
 
 def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input: Any = None,
@@ -200,90 +467,53 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     strict = backend.config.strict if strict is None else strict
     if measure and sample_input is None:
         raise ModelOptimizationError("measure=True needs sample_input to run the model")
+    notes: list[str] = []
+    info = _device_info(backend, notes)
+    refuse_float64(model, sample_input, info)
     call = sample_call(backend, sample_input) if sample_input is not None else None
-    tolerance = LEVEL_TOLERANCE[level.value]
 
     baseline = _copy(model, "measure=True times the unprepared model against the prepared "
                      "one").to(backend.device) if measure else None
     work = model if inplace else _copy(model, "prepare_model works on a copy")
-    result = OptimizationResult(model=work, backend=backend.name, level=level)
-    ctx = PassContext(backend=backend, level=level, config=backend.config,
-                      device_info=_device_info(backend, result), training=model.training,
-                      sample_input=sample_input)
+    result = OptimizationResult(model=work, backend=backend.name, level=level, notes=notes)
+    ctx = PassContext(backend=backend, level=level, config=backend.config, device_info=info,
+                      training=model.training, sample_input=sample_input)
     ctx.state["measure"] = measure
     collected = collect_passes(backend, level)
     result.notes.extend(collected.problems)
     if strict and collected.problems:
         raise ModelOptimizationError("; ".join(collected.problems))
-    reference: Any = None
-    last_out: Any = None
-    have_reference = False
-    for plugin, p in collected.passes:
-        if call is not None and not have_reference and p.order > 0:
-            # O0's output: the model as given, placed on the device.
-            try:
-                reference = last_out = _run_sample(work, call)
-            except Exception as exc:
-                raise ModelOptimizationError(
-                    f"the model raised on the sample input before any pass ran: "
-                    f"{type(exc).__name__}: {exc}") from exc
-            have_reference = True
-        started = time.perf_counter()
-        snapshot: ModelSnapshot | None = None
-        saved_state, saved_notes = _copy_state(ctx.state), len(ctx.notes)
-        try:
-            reason = _skip_reason(p, plugin, work, ctx)
-            if reason is not None:
-                result.passes.append(PassRecord(p.name, "skipped", reason, plugin))
-                continue
-            assert p.apply is not None
-            snapshot = ModelSnapshot(work, tensors=p.mutates)
-            forward = work.__dict__.get("forward")
-            out = p.apply(work, ctx)
-            if not isinstance(out, nn.Module):
-                raise TypeError(f"apply returned {type(out).__name__}, expected the "
-                                "nn.Module it was given or its replacement")
-            if have_reference and _changed(p, work, out, forward):
-                last_out, *_ = _verify(out, call, reference, tolerance)  # type: ignore[arg-type]
-            work = out
-        except BaseException as exc:
-            if snapshot is not None:
-                snapshot.restore()  # the model as it was, also the caller's own (inplace)
-            ctx.state.clear()
-            ctx.state.update(saved_state)
-            del ctx.notes[saved_notes:]
-            if is_fatal(exc):
-                raise
-            if isinstance(exc, PassSkipped):
-                result.passes.append(PassRecord(p.name, "skipped", str(exc), plugin))
-                continue
-            error = str(exc) if isinstance(exc, _Unverified) else f"{type(exc).__name__}: {exc}"
-            logger.warning("pass %s (plugin %s) failed and was rolled back: %s", p.name,
-                           plugin, error)
-            result.passes.append(PassRecord(p.name, "failed", error, plugin))
-            if strict:
-                if isinstance(exc, TorchBridgeError):
-                    raise  # already names the problem (a plugin's own error class)
-                raise ModelOptimizationError(f"pass {p.name!r} failed: {error}") from exc
-            continue
-        result.passes.append(PassRecord(p.name, "applied", p.description, plugin,
-                                        time.perf_counter() - started))
-    result.model = work
-    result.notes.extend(ctx.notes)
-    result.kernel_substitutions = ctx.state.get("kernel_substitutions", [])
-
-    if call is not None:
-        if not have_reference:  # no pass after placement: the model is O0's
-            reference = last_out = _run_sample(work, call)
-        result.max_abs_diff, result.max_rel_diff = output_drift(reference, last_out)
+    run = _Run(backend, work, ctx, result, call, LEVEL_TOLERANCE[level.value], strict)
+    try:
+        for plugin, p in collected.passes:
+            run.run(plugin, p)
+        result.notes.extend(ctx.notes)
+        run.check_effects()
+        run.settle_settings()
+        run.final_check()
+        work = result.model = run.work
+        result.kernel_substitutions = ctx.state.get("kernel_substitutions", [])
         if measure and baseline is not None:
+            assert call is not None
             with preserved_state(baseline), preserved_state(work):
                 result.baseline_seconds, result.optimized_seconds = compare_latency(
                     lambda: call(baseline), lambda: call(work), backend.synchronize)
             result.speedup = result.baseline_seconds / result.optimized_seconds
+    except BaseException as exc:
+        # Whatever failed after passes ran: the model as it was (the caller's own object
+        # when inplace), the process-wide settings as they were, and a TorchBridge error.
+        leftover = run.undo_all()
+        if leftover is not None:
+            raise ModelOptimizationError(
+                f"prepare_model failed ({type(exc).__name__}: {exc}) and could not put the "
+                f"model back as it was: {leftover}") from exc
+        if isinstance(exc, TorchBridgeError) or not isinstance(exc, Exception):
+            raise  # names the problem already; or Ctrl-C, which is the user's
+        raise ModelOptimizationError(
+            f"prepare_model failed after passes ran ({type(exc).__name__}: {exc}); the model "
+            "and the process-wide settings were put back as they were") from exc
     attach_result(work, result)
     return result
-
 
 def _copy_state(state: dict[str, Any]) -> dict[str, Any]:
     """ctx.state as it was before a pass: values one level deep (compile options)."""

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from torchbridge.levels import OptimizationLevel
+
+if TYPE_CHECKING:
+    from torchbridge.optimize.settings import SettingChange
 
 _RESULT_ATTR = "_torchbridge_optimization_result"
 
@@ -39,6 +42,25 @@ class OptimizationResult:
     # One entry per module the kernel_substitution pass looked at: module, pattern, op,
     # status (substituted or kept), implementation and plugin, detail, rejected (why not).
     kernel_substitutions: list[dict[str, Any]] = field(default_factory=list)
+    # Process-wide settings the applied passes changed: name, before, after, and scope
+    # ("call": in force only around the prepared model's calls; "process": left changed).
+    process_settings: list[SettingChange] = field(default_factory=list)
+
+    def restore_process_settings(self) -> list[str]:
+        """Put back the process-wide settings this run left changed (scope "process"); the
+        prepared model may then run slower or differently. Returns what could not be put
+        back, with why (e.g. XLA's compilation cache, which a process sets once)."""
+        from torchbridge.optimize.settings import put
+
+        problems = []
+        for change in self.process_settings:
+            if change.scope != "process" or change.setting is None:
+                continue
+            try:
+                put(change.setting, change.before)
+            except Exception as exc:
+                problems.append(f"{change.name}: {exc}")
+        return problems
 
     def _named(self, status: str) -> list[PassRecord]:
         return [p for p in self.passes if p.status == status]
@@ -68,12 +90,14 @@ class OptimizationResult:
             "speedup": self.speedup, "baseline_seconds": self.baseline_seconds,
             "optimized_seconds": self.optimized_seconds,
             "kernel_substitutions": self.kernel_substitutions,
+            "process_settings": [c.to_dict() for c in self.process_settings],
         }
 
     def summary(self) -> str:
         lines = [f"{self.backend} {self.level.value}:"]
         for p in self.passes:
             lines.append(f"  {p.status:8} {p.name}: {p.detail}")
+        lines += [f"  setting: {c.describe()}" for c in self.process_settings]
         lines += [f"  note: {n}" for n in self.notes]
         for sub in self.kernel_substitutions:
             how = (f"{sub['implementation']} (plugin {sub['plugin']})"

@@ -1,45 +1,260 @@
-"""Putting a model back exactly as it was, in place, when a pass fails.
+"""What a pass really changed, and putting it back exactly, in place.
 
-A deep copy taken before a pass cannot roll back the caller's own model (inplace=True): it
-would hand back the copy while the caller's object stays half-changed. A snapshot records
-what a pass can change on the objects themselves: each module's class and attribute table
-(its parameter, buffer, submodule and hook tables copied one level deep), and, for passes
-that change weights, the data of every parameter and buffer. Restoring writes all of it
-back into the same objects, so that every reference the caller holds sees the old state.
+A pass's declaration (`mutates=False`: "I only wrap the forward") is not trusted. Before
+every pass the pipeline takes a ModelSnapshot: each module's class and attribute table (its
+parameter, buffer, submodule and hook tables copied one level deep), every parameter,
+buffer and tensor attribute (the tensor object, its storage at the time, and a copy of its
+values), and the process-wide settings the pipeline watches. After the pass, `changes()`
+compares the model with it: tensor values bit for bit (an in-place write through `.data`
+bumps no version counter, so versions alone would miss it), storage, dtype, shape, device;
+module classes and attributes by identity; the instance forward; the settings.
+
+Restoring writes all of it back into the same objects, so that every reference the caller
+holds (inplace=True) sees the old state, and then checks that it did: a restore that did not
+take is a SnapshotRestoreError, never a silent half-state.
+
+Unchanged tensors share their saved copy with the previous snapshot: a run holds one copy of
+the model's tensors plus one per version a pass created.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
+
+from torchbridge.errors import ModelOptimizationError
+from torchbridge.optimize import settings as process
+from torchbridge.optimize.forward import FORWARD_KEYS
+
+# Same-width integer views: bitwise equality (NaN equals itself, -0.0 differs from 0.0).
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_PLAIN = (int, float, complex, str, bytes, bool, type(None))
+
+
+class SnapshotRestoreError(ModelOptimizationError):
+    """Putting a model back as it was before a pass did not take."""
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return False
+    if a.device.type == "meta":
+        return True  # no values to compare
+    try:
+        view = _INT_VIEW.get(a.element_size()) if a.is_floating_point() else None
+        if view is not None:
+            return torch.equal(a.view(view), b.view(view))
+        return torch.equal(a, b)
+    except Exception:  # a layout torch cannot compare (sparse, quantized): by identity
+        return a is b
+
+
+def _layout(t: torch.Tensor) -> tuple[Any, ...]:
+    """Where a tensor's values live and how they are laid out."""
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except Exception:
+        ptr = id(t)
+    return ptr, t.dtype, t.device, tuple(t.shape), t.stride(), t.storage_offset()
 
 
 def _copy_table(table: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.copy() if isinstance(v, dict) else v) for k, v in table.items()}
+    return {k: (v.copy() if isinstance(v, (dict, set)) else v) for k, v in table.items()}
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, set) and type(a) is type(b):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict) and type(a) is type(b):
+        return list(a) == list(b) and all(a[k] is b[k] for k in a)
+    return isinstance(a, _PLAIN) and type(a) is type(b) and a == b
+
+
+@dataclass
+class TensorRecord:
+    name: str
+    tensor: torch.Tensor     # the Parameter, buffer or attribute object itself
+    data: torch.Tensor       # its values' storage at snapshot time (an alias)
+    saved: torch.Tensor      # a copy of its values
+    requires_grad: bool
+    layout: tuple[Any, ...]
+    cls: type = torch.Tensor
+
+    def changed(self) -> bool:
+        t = self.tensor
+        if t.__class__ is not self.cls:  # a lazy parameter materialized, or retyped
+            return True
+        if is_lazy(t):
+            return False  # no values yet
+        return (_layout(t) != self.layout or t.requires_grad != self.requires_grad
+                or not same_bits(t.detach(), self.saved))
+
+
+def _record(name: str, t: torch.Tensor) -> TensorRecord:
+    if is_lazy(t):  # an uninitialized parameter (LazyLinear): no values to copy
+        empty = torch.empty(0)
+        return TensorRecord(name, t, empty, empty, t.requires_grad, (), t.__class__)
+    data = t.detach()
+    return TensorRecord(name, t, data, data.clone(), t.requires_grad, _layout(t), t.__class__)
+
+
+def _named_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Parameters, buffers and plain tensor attributes, each once, by first name."""
+    seen: dict[int, tuple[str, torch.Tensor]] = {}
+    for prefix, module in model.named_modules(remove_duplicate=True):
+        dot = f"{prefix}." if prefix else ""
+        tables = (module.__dict__.get("_parameters", {}), module.__dict__.get("_buffers", {}),
+                  module.__dict__)
+        for table in tables:
+            for key, value in table.items():
+                if isinstance(value, torch.Tensor) and id(value) not in seen:
+                    seen[id(value)] = (dot + key, value)
+    return list(seen.values())
+
+
+@dataclass
+class ModelChanges:
+    """What one pass changed, as observed."""
+
+    replaced: bool = False  # apply returned another object than it was given
+    tensors: list[str] = field(default_factory=list)
+    structure: list[str] = field(default_factory=list)
+    forward: list[str] = field(default_factory=list)
+    settings: dict[str, tuple[process.ProcessSetting, Any, Any]] = field(default_factory=dict)
+    unchanged: set[int] = field(default_factory=set)  # ids of tensors found unchanged
+
+    @property
+    def model(self) -> bool:
+        """The model changed: weights, structure or how it runs."""
+        return self.replaced or bool(self.tensors or self.structure or self.forward)
+
+    @property
+    def mutated(self) -> bool:
+        """What a pass declaring mutates=False promised not to do."""
+        return bool(self.tensors or self.structure)
+
+    def __bool__(self) -> bool:
+        return self.model or bool(self.settings)
+
+    def describe(self) -> str:
+        def names(what: str, items: list[str]) -> str:
+            shown = ", ".join(items[:4]) + (f" and {len(items) - 4} more"
+                                            if len(items) > 4 else "")
+            return f"{what} {shown}"
+        parts = []
+        if self.tensors:
+            parts.append(names("tensors", self.tensors))
+        if self.structure:
+            parts.append(names("modules", self.structure))
+        if self.forward:
+            parts.append(names("the forward of", self.forward))
+        parts += [f"{name} ({before!r} -> {after!r})"
+                  for name, (_, before, after) in self.settings.items()]
+        if self.replaced:
+            parts.append("returned a different model object")
+        return "; ".join(parts) or "nothing"
 
 
 class ModelSnapshot:
-    def __init__(self, model: nn.Module, *, tensors: bool) -> None:
-        self.modules = [(m, m.__class__, _copy_table(m.__dict__))
-                        for m in model.modules()]
-        self.data: list[tuple[torch.Tensor, torch.Tensor, bool]] = []
-        if tensors:
-            seen: set[int] = set()
-            for t in [*model.parameters(), *model.buffers()]:
-                if id(t) not in seen:
-                    seen.add(id(t))
-                    self.data.append((t, t.data.clone(), t.requires_grad))
+    def __init__(self, model: nn.Module, settings: Sequence[process.ProcessSetting] = (),
+                 previous: ModelSnapshot | None = None,
+                 unchanged: set[int] | None = None) -> None:
+        """`previous`/`unchanged`: a snapshot taken earlier and the ids of the tensors found
+        unchanged since; their saved copies are reused instead of copied again."""
+        self.model = model
+        self.modules = [(name, m, m.__class__, _copy_table(m.__dict__))
+                        for name, m in model.named_modules(remove_duplicate=True)]
+        reuse = {id(r.tensor): r for r in previous.tensors} \
+            if previous is not None and unchanged else {}
+        self.tensors: list[TensorRecord] = []
+        with torch.no_grad():
+            for name, t in _named_tensors(model):
+                old = reuse.get(id(t))
+                if old is not None and id(t) in (unchanged or ()):
+                    self.tensors.append(TensorRecord(name, t, old.data, old.saved,
+                                                     old.requires_grad, old.layout, old.cls))
+                    continue
+                self.tensors.append(_record(name, t))
+        self.settings = process.values(settings)
+
+    def changes(self, result: nn.Module) -> ModelChanges:
+        """What changed since the snapshot; `result` is what the pass returned."""
+        found = ModelChanges(replaced=result is not self.model)
+        for record in self.tensors:
+            if record.changed():
+                found.tensors.append(record.name)
+            else:
+                found.unchanged.add(id(record.tensor))
+        for name, module, cls, table in self.modules:
+            where = name or "(the model)"
+            now = module.__dict__
+            if module.__class__ is not cls:
+                found.structure.append(f"{where} (class {cls.__name__} -> "
+                                       f"{module.__class__.__name__})")
+                continue
+            keys = (set(now) | set(table)) - {"_torchbridge_optimization_result"}
+            if any(now.get(k) is not table.get(k) for k in keys & FORWARD_KEYS):
+                found.forward.append(where)
+            if any(not _same_value(now.get(k, _GONE), table.get(k, _GONE))
+                   for k in keys - FORWARD_KEYS):
+                found.structure.append(where)
+        for name, (setting, before) in self.settings.items():
+            after = process.read(setting)
+            if process.differs(before, after):
+                found.settings[name] = (setting, before, after)
+        return found
 
     def restore(self) -> None:
-        for module, cls, table in self.modules:
+        """The model and the watched settings exactly as they were; raises
+        SnapshotRestoreError when something could not be put back."""
+        problems: list[str] = []
+        for _, module, cls, table in self.modules:
             if module.__class__ is not cls:
                 module.__class__ = cls
             module.__dict__.clear()
             module.__dict__.update(_copy_table(table))
         with torch.no_grad():
-            for tensor, saved, requires_grad in self.data:
-                tensor.data = saved
-                if tensor.requires_grad != requires_grad and tensor.is_leaf:
-                    tensor.requires_grad_(requires_grad)
+            for record in self.tensors:
+                try:
+                    self._restore_tensor(record)
+                except Exception as exc:
+                    problems.append(f"{record.name}: {type(exc).__name__}: {exc}")
+        for name, (setting, before) in self.settings.items():
+            if process.differs(before, process.read(setting)):
+                try:
+                    process.put(setting, before)
+                except Exception as exc:
+                    problems.append(f"{name}: {exc}")
+        problems += [f"{r.name} still differs" for r in self.tensors if r.changed()]
+        if problems:
+            raise SnapshotRestoreError("could not put the model back as it was: "
+                                       + "; ".join(problems))
+
+    @staticmethod
+    def _restore_tensor(record: TensorRecord) -> None:
+        t = record.tensor
+        if record.layout == ():
+            if t.__class__ is not record.cls:  # materialized: uninitialized again
+                t.__class__ = record.cls
+                t.data = record.data
+            return
+        if _layout(t) != record.layout:
+            t.data = record.data
+        if not same_bits(record.data, record.saved):
+            if _layout(record.data) == record.layout:
+                record.data.copy_(record.saved)
+            else:  # its storage was resized in place: the values move to a fresh copy
+                t.data = record.saved.clone()
+                record.data, record.layout = t.detach(), _layout(t)
+        if t.requires_grad != record.requires_grad and t.is_leaf:
+            t.requires_grad_(record.requires_grad)
+
+
+_GONE = object()

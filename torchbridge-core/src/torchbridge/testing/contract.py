@@ -4,11 +4,19 @@ proof that the plugin itself answers (not the core's fallbacks standing in for i
 Subclass `BackendContract` in a pytest module and set `backend_name`. Override
 `make_model` to test with your own model, and `make_unavailable` to show the path where
 your hardware is absent. Each test says what a user relies on.
+
+Without the hardware, run it on a recorded device: set `recorded` to what the recording is
+and override `record` to replay its properties at your probe seam. No tensor can be placed
+on a recorded device, so the tests that need one skip and say so; everything else runs
+(identity, device info, memory figures, hooks, config, the unavailable path, device calls,
+and prepare_model's report at every level with the passes in `passes_needing_the_device`
+disabled).
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -20,6 +28,7 @@ import torchbridge
 from torchbridge import ConfigurationError, DeviceError, DeviceInfo, MemoryStats
 from torchbridge.backend import DEVICE_HOOKS
 from torchbridge.config import hardware_sections
+from torchbridge.devices import device_module
 from torchbridge.levels import LEVEL_TOLERANCE, OptimizationLevel
 
 
@@ -44,9 +53,44 @@ def _answer(backend: torchbridge.Backend, hook: str) -> None:
     calls[hook]()
 
 
+# The device calls the core's generic fallback makes through torch's own device module
+# (torch.cuda, torch.xpu): on a recorded device they are logged, not run.
+_DEVICE_MODULE_CALLS = ("synchronize", "empty_cache", "reset_peak_memory_stats")
+
+
 class BackendContract:
     backend_name: ClassVar[str]
     levels: ClassVar[tuple[str, ...]] = ("O0", "O1", "O2", "O3")
+    recorded: ClassVar[str | None] = None
+    """None for a real device. For a recorded one (its properties replayed at your probe
+    seam by `record`), what the recording is, e.g. "NVIDIA H100 80GB HBM3 at
+    torchbridge_nvidia.probe". It appears in the reason of every test skipped for it."""
+    passes_needing_the_device: ClassVar[tuple[str, ...]] = ("device_placement", "compile")
+    """On a recorded device, the passes prepare_model runs with disabled: they move tensors
+    to the device or run the model there. Add yours if they do too."""
+
+    def record(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Replay the recorded device at your probe seam, patching with `monkeypatch` (so it
+        is undone after each test). The `backend` fixture calls it before making the backend
+        when `recorded` is set; override it then."""
+        pytest.fail(f"{type(self).__name__} sets recorded = {self.recorded!r} but does not "
+                    "override record(monkeypatch) to install the recording")
+
+    def needs_the_device(self, what: str) -> None:
+        """Skip the calling test on a recorded device: `what` needs tensors there."""
+        if self.recorded is not None:
+            pytest.skip(f"{self.backend_name} is a recording ({self.recorded}); no tensor "
+                        f"can be placed on it: {what}")
+
+    def without_device_passes(self, backend: torchbridge.Backend) -> torchbridge.Backend:
+        """`backend` itself on a real device; on a recorded one, the same backend with the
+        passes in `passes_needing_the_device` disabled."""
+        if self.recorded is None:
+            return backend
+        config = backend.config.model_copy(deep=True)
+        disabled = config.optimization.disabled_passes
+        disabled.extend(p for p in self.passes_needing_the_device if p not in disabled)
+        return torchbridge.get_backend(backend.name, config=config)
 
     def make_model(self) -> tuple[nn.Module, Any]:
         """(model in eval mode, sample input on the CPU: a tensor, or a tuple of positional
@@ -59,8 +103,24 @@ class BackendContract:
         pytest.skip("make_unavailable not overridden: the unavailable path is not tested")
 
     @pytest.fixture
-    def backend(self) -> torchbridge.Backend:
-        return torchbridge.get_backend(self.backend_name)
+    def backend(self, monkeypatch: pytest.MonkeyPatch) -> torchbridge.Backend:
+        if self.recorded is None:
+            return torchbridge.get_backend(self.backend_name)
+        self.record(monkeypatch)
+        backend = torchbridge.get_backend(self.backend_name)
+        self._record_device_module_calls(monkeypatch, backend.device)
+        return backend
+
+    def _record_device_module_calls(self, monkeypatch: pytest.MonkeyPatch,
+                                    device: torch.device) -> None:
+        """There is no device behind a recording: the device calls that reach torch's own
+        device module are logged in `self.device_module_calls` instead of run."""
+        self.device_module_calls: list[tuple[str, tuple[Any, ...]]] = []
+        module = device_module(device)
+        for name in _DEVICE_MODULE_CALLS:
+            if module is not None and hasattr(module, name):
+                monkeypatch.setattr(module, name, lambda *args, name=name:
+                                    self.device_module_calls.append((name, args)))
 
     def test_identity(self, backend: torchbridge.Backend) -> None:
         assert backend.name == self.backend_name
@@ -68,7 +128,9 @@ class BackendContract:
         assert backend.device_count >= 1
         assert len(backend.devices) == backend.device_count
         assert isinstance(backend.device, torch.device)
-        torch.zeros(1, device=backend.device)  # the device is usable
+        assert backend.device.type == backend.status.device_type
+        if self.recorded is None:
+            torch.zeros(1, device=backend.device)  # the device is usable
 
     def test_fallbacks_are_declared(self, backend: torchbridge.Backend) -> None:
         assert backend.plugin, "a backend is reported by a plugin"
@@ -168,6 +230,7 @@ class BackendContract:
             assert stats.free_bytes <= stats.total_bytes
 
     def test_allocation_shows_in_memory_stats(self, backend: torchbridge.Backend) -> None:
+        self.needs_the_device("allocating a block to see it counted")
         before = backend.get_memory_stats().allocated_bytes
         if before is None:
             pytest.skip("this backend cannot count allocated bytes")
@@ -184,9 +247,22 @@ class BackendContract:
         backend.empty_cache()
         backend.reset_peak_memory_stats()
         assert isinstance(backend.distributed_backend, str)
+        if self.recorded is not None:  # the calls that reached torch got the right device
+            for name, args in self.device_module_calls:
+                assert all(torch.device(a) == backend.hook_device() for a in args), \
+                    f"torch's {name} was called with {args}, expected {backend.hook_device()}"
 
     def test_autocast_computes_in_low_precision(self, backend: torchbridge.Backend) -> None:
         dtype = backend.low_precision_dtype()
+        if self.recorded is not None:  # what can be checked without tensors: the target
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch: "CUDA is not available. Disabling"
+                context = backend.autocast()
+            assert isinstance(context, torch.autocast)
+            assert context.device == backend.device.type
+            if dtype is not None:
+                assert context.fast_dtype == dtype
+        self.needs_the_device("a matmul under autocast")
         a = torch.randn(16, 16, device=backend.device)
         with backend.autocast():
             out = a @ a
@@ -197,6 +273,9 @@ class BackendContract:
                                              level: str) -> None:
         if level not in self.levels:
             pytest.skip(f"{level} not claimed by this backend's contract run")
+        if self.recorded is not None:
+            self._prepare_model_report_on_a_recording(backend, level)
+            return
         model, x = self.make_model()
         original = copy.deepcopy(model.state_dict())
         with torch.no_grad():
@@ -221,10 +300,35 @@ class BackendContract:
         assert len(names) == len(set(names))
         assert not result.failed, f"passes failed: {result.failed}"
 
+    def _prepare_model_report_on_a_recording(self, backend: torchbridge.Backend,
+                                             level: str) -> None:
+        """What a recording can show of test_prepare_model_matches_reference: every pass
+        the plugin offers at `level` checks and applies cleanly and the report is whole.
+        The outputs are not compared: the sample input cannot go to the device."""
+        model, _ = self.make_model()
+        original = copy.deepcopy(model.state_dict())
+        result = self.without_device_passes(backend).optimize(model, level)
+        assert result.level == OptimizationLevel(level)
+        assert result.backend == backend.name
+        assert torchbridge.optimization_result(result.model) is result
+        for key, value in model.state_dict().items():
+            assert value.device.type == "cpu"
+            assert torch.equal(value, original[key])
+        names = [p.name for p in result.passes]
+        assert len(names) == len(set(names))
+        assert not result.failed, f"passes failed: {result.failed}"
+        for record in result.passes:
+            if record.status == "skipped":
+                assert record.detail, f"pass {record.name} is skipped without saying why"
+            if record.name in self.passes_needing_the_device:
+                assert record.status == "skipped", record
+
     def test_compiled_model_runs_inside_the_pipeline(self, backend: torchbridge.Backend) -> None:
         """At O2 with a sample input, compilation happens inside prepare_model (where a
         failure is rolled back), not at the user's first call."""
         from torch._dynamo.utils import counters
+
+        self.needs_the_device("compiling runs the sample input on the device")
 
         config = backend.config.model_copy(deep=True)
         config.optimization.disabled_passes = ["compile_value_check"]
@@ -245,11 +349,16 @@ class BackendContract:
 
     def test_prepare_model_returns_model_with_report(self, backend: torchbridge.Backend) -> None:
         model, _ = self.make_model()
-        prepared = backend.prepare_model(model, level="O1")
+        prepared = self.without_device_passes(backend).prepare_model(model, level="O1")
         report = torchbridge.optimization_result(prepared)
         assert report is not None and report.backend == backend.name
         param = next(prepared.parameters())
-        assert param.device.type == backend.device.type
+        if self.recorded is None:
+            assert param.device.type == backend.device.type
+        else:  # placement disabled: the model stays where it was, and the report says so
+            assert param.device.type == "cpu"
+            placement = [p for p in report.passes if p.name == "device_placement"]
+            assert all(p.status == "skipped" for p in placement), placement
 
     def test_prepare_model_rejects_non_modules(self, backend: torchbridge.Backend) -> None:
         with pytest.raises(torchbridge.ModelOptimizationError, match=r"nn\.Module"):

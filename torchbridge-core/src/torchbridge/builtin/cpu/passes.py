@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchbridge.levels import OptimizationLevel
+from torchbridge.optimize.core_passes import compile_ahead, compiled_with
 from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 
@@ -25,8 +26,7 @@ if TYPE_CHECKING:
 
 def _freeze_check(model: nn.Module, ctx: PassContext) -> str | None:
     # Freezing is an option of the compile pass: with compile skipped it would do nothing.
-    skip_compile: str | None = ctx.state.get("skip_compile")
-    return f"compile is skipped ({skip_compile})" if skip_compile else None
+    return compile_ahead(ctx)
 
 
 def _freeze(model: nn.Module, ctx: PassContext) -> nn.Module:
@@ -107,15 +107,20 @@ def _compile_value(model: nn.Module, ctx: PassContext) -> nn.Module:
     return model
 
 
+def _measured(model: nn.Module, ctx: PassContext) -> str | None:
+    return None  # its effect is the measurement and the decision, both in the report
+
+
 def cpu_passes(backend: Backend) -> list[OptimizationPass]:
     passes = [
         OptimizationPass("compile_value_check", "timed the model's matmul and attention "
                          "kernels to decide whether compiling it can pay",
                          OptimizationLevel.O2, _compile_value, _needs_sample,
-                         mode="inference", order=78, mutates=False),
+                         mode="inference", order=78, mutates=False, effect=_measured),
         OptimizationPass("inference_freezing", "inductor freezing: weights folded as "
                          "constants and prepacked for oneDNN", OptimizationLevel.O3, _freeze,
-                         _freeze_check, mode="inference", order=79, mutates=False),
+                         _freeze_check, mode="inference", order=79, mutates=False,
+                         effect=compiled_with("freezing", "inductor_config")),
     ]
     cpu_config: Any = getattr(backend.config.hardware, "cpu", None)  # a dynamic section
     if cpu_config is not None and not cpu_config.allow_bf16:

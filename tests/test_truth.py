@@ -1,0 +1,285 @@
+"""prepare_model's word matches what happened: rollback that trusts no declaration, the
+end-to-end check against O0, failure paths that leave an inplace caller's model as it was,
+and process-wide settings that are declared, reported and scoped."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torchbridge
+from torch import nn
+from torchbridge import OptimizationLevel, OptimizationPass
+from torchbridge.optimize.settings import TF32_MATMUL
+
+LYING = "tb_misbehaving.passes_lying"
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+
+
+def state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_as_given(model: nn.Module, before: dict[str, torch.Tensor]) -> None:
+    """Bit for bit as it was: values, dtypes, no instance forward left behind."""
+    now = model.state_dict()
+    assert list(now) == list(before)
+    for key, value in before.items():
+        assert now[key].dtype == value.dtype, key
+        assert torch.equal(now[key], value), key
+    assert "forward" not in model.__dict__
+
+
+@pytest.fixture
+def lying(monkeypatch: pytest.MonkeyPatch, reload_plugins: None) -> Iterator[Any]:
+    """The installed lying plugin (tests/misbehaving_plugins), its own gate opened."""
+    pytest.importorskip("tb_misbehaving", reason="pip install tests/misbehaving_plugins")
+
+    def behave(how: str) -> None:
+        monkeypatch.setenv("TB_LYING_PASSES", how)
+        sys.modules.pop(LYING, None)
+        importlib.invalidate_caches()
+        torchbridge.reload_plugins()
+
+    yield behave
+    sys.modules.pop(LYING, None)
+
+
+def _lying_record(result: torchbridge.OptimizationResult) -> Any:
+    return next(p for p in result.passes if p.name == "mb_lying")
+
+
+@pytest.mark.parametrize("how", ["weights_then_raise", "weights", "structure"])
+def test_a_pass_that_lies_about_mutates_is_rolled_back_and_named(lying: Any, how: str
+                                                                 ) -> None:
+    lying(how)
+    model, x = mlp(), torch.randn(4, 16)
+    expected = model(x)
+    before = state(model)
+    for inplace in (False, True):
+        result = torchbridge.get_backend("cpu").optimize(model, "O1", sample_input=x,
+                                                         inplace=inplace)
+        record = _lying_record(result)
+        assert record.status == "failed" and record.plugin == "mb_passes_lying"
+        if how != "weights_then_raise":
+            assert "declared mutates=False but changed" in record.detail
+        # Within tolerance of O0 (O1: exact) on the sample input, and the caller's model
+        # untouched when it was a copy, put back when it was prepared in place.
+        assert torch.equal(result.model(x), expected)
+        assert result.max_abs_diff == 0.0
+        assert_as_given(model, before)
+        assert [type(m) for m in result.model] == [nn.Linear, nn.ReLU, nn.Linear]
+    record_warnings = torchbridge.plugins.get_plugin_host().records["mb_passes_lying"].warnings
+    if how != "weights_then_raise":
+        assert any("mb_lying" in w for w in record_warnings)
+
+
+def test_a_lying_pass_fails_strict_mode_naming_its_plugin(lying: Any) -> None:
+    lying("weights")
+    model = mlp()
+    before = state(model)
+    with pytest.raises(torchbridge.ModelOptimizationError,
+                       match=r"pass 'mb_lying' \(plugin mb_passes_lying\)"):
+        torchbridge.get_backend("cpu").optimize(model, "O1", inplace=True, strict=True)
+    assert_as_given(model, before)
+
+
+def test_an_undeclared_process_setting_is_caught_and_put_back(lying: Any) -> None:
+    lying("setting")
+    saved = torch.backends.cuda.matmul.allow_tf32
+    result = torchbridge.get_backend("cpu").optimize(mlp(), "O1")
+    record = _lying_record(result)
+    assert record.status == "failed"
+    assert "torch.backends.cuda.matmul.allow_tf32" in record.detail
+    assert "without declaring it" in record.detail
+    assert torch.backends.cuda.matmul.allow_tf32 is saved
+
+
+class _Drifting:
+    """A pass whose forward is right on its first call and 100 off afterwards: it passes
+    its own check; only the check at the end of the run sees it."""
+
+    @torchbridge.hookimpl
+    def torchbridge_optimization_passes(self, backend: object, level: object
+                                        ) -> list[OptimizationPass]:
+        def drift(model: nn.Module, ctx: object) -> nn.Module:
+            inner, calls = model.forward, [0]
+
+            def forward(x: torch.Tensor) -> torch.Tensor:
+                calls[0] += 1
+                return inner(x) + (100.0 if calls[0] > 1 else 0.0)
+            model.forward = forward  # type: ignore[method-assign]
+            return model
+
+        return [OptimizationPass("drifts_later", "fine once", OptimizationLevel.O1, drift,
+                                 order=45, mutates=False)]
+
+
+def test_the_model_returned_is_checked_once_more_against_o0(reload_plugins: None) -> None:
+    torchbridge.register_plugin(_Drifting(), name="drifting")
+    model, x = mlp(), torch.randn(4, 16)
+    expected = model(x)
+    before = state(model)
+    result = torchbridge.get_backend("cpu").optimize(model, "O1", sample_input=x,
+                                                     inplace=True)
+    record = next(p for p in result.passes if p.name == "drifts_later")
+    assert record.status == "failed" and "undone after the run" in record.detail
+    assert any("checked once more at the end" in n for n in result.notes)
+    assert torch.equal(result.model(x), expected) and result.max_abs_diff == 0.0
+    with pytest.raises(torchbridge.ModelOptimizationError, match="checked once more"):
+        torchbridge.get_backend("cpu").optimize(model, "O1", sample_input=x, inplace=True,
+                                                strict=True)
+    assert_as_given(model, before)
+
+
+class _RaisesWhenTimed(nn.Module):
+    """Runs under no_grad (prepare_model's checks); raises under inference_mode, which only
+    the timing runs of measure=True use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_inference_mode_enabled():
+            raise RuntimeError("timing run failed")
+        out: torch.Tensor = self.body(x)
+        return out
+
+
+def test_a_model_failing_its_timing_runs_is_put_back_inplace() -> None:
+    model, x = _RaisesWhenTimed().eval(), torch.randn(4, 16)
+    before = state(model)
+    with pytest.raises(torchbridge.ModelOptimizationError, match="timing run failed") as info:
+        torchbridge.get_backend("cpu").optimize(model, "O3", sample_input=x, measure=True,
+                                                inplace=True)
+    assert "put back as they were" in str(info.value)
+    assert_as_given(model, before)  # float32 weights, no autocast forward
+
+
+class _LateFailure:
+    @torchbridge.hookimpl
+    def torchbridge_optimization_passes(self, backend: object, level: object
+                                        ) -> list[OptimizationPass]:
+        def fail(model: nn.Module, ctx: object) -> nn.Module:
+            raise RuntimeError("late pass failed")
+
+        return [OptimizationPass("fails_late", "after everything", OptimizationLevel.O3,
+                                 fail, order=95, mutates=False)]
+
+
+def test_strict_failure_of_a_late_pass_puts_the_inplace_model_back(reload_plugins: None
+                                                                  ) -> None:
+    torchbridge.register_plugin(_LateFailure(), name="late_failure")
+    model = mlp()
+    before = state(model)
+    with pytest.raises(torchbridge.ModelOptimizationError, match="fails_late"):
+        torchbridge.get_backend("cpu").optimize(model, "O3", inplace=True, strict=True)
+    assert_as_given(model, before)
+
+
+class _DeclaresTF32:
+    """A pass that declares the process-wide setting it changes."""
+
+    @torchbridge.hookimpl
+    def torchbridge_optimization_passes(self, backend: object, level: object
+                                        ) -> list[OptimizationPass]:
+        def tf32(model: nn.Module, ctx: object) -> nn.Module:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            return model
+
+        return [OptimizationPass("declared_tf32", "TF32", OptimizationLevel.O1, tf32,
+                                 order=35, mutates=False, settings=(TF32_MATMUL,))]
+
+
+@pytest.fixture
+def tf32_off() -> Iterator[None]:
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_declared_settings_are_reported_and_scoped_to_the_models_calls(
+        reload_plugins: None, tf32_off: None) -> None:
+    torchbridge.register_plugin(_DeclaresTF32(), name="declares_tf32")
+    model, x = mlp(), torch.randn(4, 16)
+    result = torchbridge.get_backend("cpu").optimize(model, "O1", sample_input=x)
+    assert next(p for p in result.passes if p.name == "declared_tf32").status == "applied"
+    [change] = result.process_settings
+    assert (change.name, change.before, change.after, change.scope, change.pass_name) == (
+        "torch.backends.cuda.matmul.allow_tf32", False, True, "call", "declared_tf32")
+    assert "setting: torch.backends.cuda.matmul.allow_tf32: False -> True, around each " \
+           "call" in result.summary()
+    assert result.to_dict()["process_settings"][0]["after"] == "True"
+    assert torch.backends.cuda.matmul.allow_tf32 is False  # the process keeps its own
+
+    seen: list[bool] = []
+    hook = lambda *_: seen.append(torch.backends.cuda.matmul.allow_tf32)  # noqa: E731
+    result.model[0].register_forward_pre_hook(hook)
+    result.model(x)
+    twin = copy.deepcopy(result.model)  # a copy runs with the same settings
+    twin(x)
+    assert seen == [True, True] and torch.backends.cuda.matmul.allow_tf32 is False
+
+
+class _SilentNoop:
+    @torchbridge.hookimpl
+    def torchbridge_optimization_passes(self, backend: object, level: object
+                                        ) -> list[OptimizationPass]:
+        return [OptimizationPass("does_nothing", "claims a speedup", OptimizationLevel.O1,
+                                 lambda m, c: m, order=45)]
+
+
+def test_a_pass_that_changes_nothing_is_not_reported_applied(reload_plugins: None) -> None:
+    torchbridge.register_plugin(_SilentNoop(), name="silent_noop")
+    result = torchbridge.get_backend("cpu").optimize(mlp(), "O1")
+    record = next(p for p in result.passes if p.name == "does_nothing")
+    assert record.status == "skipped" and record.detail.startswith("apply changed nothing")
+
+
+def test_a_pass_whose_effect_is_gone_at_the_end_is_reported_skipped(
+        reload_plugins: None) -> None:
+    class Counting:
+        @torchbridge.hookimpl
+        def torchbridge_optimization_passes(self, backend: object, level: object
+                                            ) -> list[OptimizationPass]:
+            def mark(model: nn.Module, ctx: Any) -> nn.Module:
+                ctx.state["marked"] = True
+                return model
+
+            return [OptimizationPass(
+                "needs_a_later_pass", "works only if another pass follows",
+                OptimizationLevel.O1, mark, order=45, mutates=False,
+                effect=lambda m, ctx: "no later pass used the mark")]
+
+    torchbridge.register_plugin(Counting(), name="counting")
+    result = torchbridge.get_backend("cpu").optimize(mlp(), "O1")
+    record = next(p for p in result.passes if p.name == "needs_a_later_pass")
+    assert (record.status, record.detail) == ("skipped",
+                                               "no effect: no later pass used the mark")
+
+
+def test_restore_process_settings_puts_back_what_a_run_left_changed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchbridge.optimize.report import OptimizationResult
+    from torchbridge.optimize.settings import SettingChange, environment_setting
+
+    monkeypatch.delenv("TB_TEST_SETTING", raising=False)
+    setting = environment_setting("TB_TEST_SETTING", "read once per process")
+    monkeypatch.setenv("TB_TEST_SETTING", "1")
+    result = OptimizationResult(model=mlp(), backend="cpu", level=OptimizationLevel.O2)
+    result.process_settings = [SettingChange(setting.name, None, "1", "process", "p", None,
+                                             setting.why_process, setting)]
+    assert result.restore_process_settings() == []
+    import os
+    assert "TB_TEST_SETTING" not in os.environ

@@ -283,3 +283,58 @@ def test_restore_process_settings_puts_back_what_a_run_left_changed(
     assert result.restore_process_settings() == []
     import os
     assert "TB_TEST_SETTING" not in os.environ
+
+
+def test_lazy_and_stateful_models_are_no_liars() -> None:
+    """Running the model inside a pass (a measuring pass) materializes lazy parameters and
+    moves a call counter: neither is a pass changing what it declared."""
+    lazy = nn.Sequential(nn.LazyLinear(16), nn.ReLU(), nn.Linear(16, 4)).eval()
+
+    class Counting(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.calls = nn.Linear(64, 64), 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            out: torch.Tensor = self.body(x)
+            return out
+
+    for model, x in ((lazy, torch.randn(4, 8)), (Counting().eval(), torch.randn(4, 64))):
+        result = torchbridge.get_backend("cpu").optimize(model, "O2", sample_input=x,
+                                                         strict=True)
+        assert not result.failed, result.summary()
+        assert "autocast" in result.optimizations_applied
+
+
+def test_hook_handles_the_caller_holds_keep_working() -> None:
+    model = nn.Sequential(nn.BatchNorm2d(3), nn.Conv2d(3, 4, 3)).eval()
+    fired: list[int] = []
+    handle = model.register_forward_hook(lambda *_: fired.append(1))
+    torchbridge.get_backend("cpu").optimize(model, "O1", sample_input=torch.randn(1, 3, 8, 8),
+                                            inplace=True)
+    handle.remove()
+    fired.clear()
+    model(torch.randn(1, 3, 8, 8))
+    assert fired == []
+
+
+class _SetsPrecision:
+    @torchbridge.hookimpl
+    def torchbridge_optimization_passes(self, backend: object, level: object
+                                        ) -> list[OptimizationPass]:
+        def medium(model: nn.Module, ctx: object) -> nn.Module:
+            torch.set_float32_matmul_precision("medium")
+            return model
+
+        return [OptimizationPass("sets_precision", "undeclared", OptimizationLevel.O1,
+                                 medium, order=45, mutates=False)]
+
+
+def test_the_float32_precision_api_is_watched_too(reload_plugins: None) -> None:
+    torchbridge.register_plugin(_SetsPrecision(), name="sets_precision")
+    before = torch.get_float32_matmul_precision()
+    result = torchbridge.get_backend("cpu").optimize(mlp(), "O1")
+    record = next(p for p in result.passes if p.name == "sets_precision")
+    assert record.status == "failed" and "without declaring it" in record.detail
+    assert torch.get_float32_matmul_precision() == before  # readable: the APIs not mixed

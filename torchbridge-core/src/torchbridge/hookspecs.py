@@ -103,7 +103,9 @@ def torchbridge_device_info(backend_name: str, device: torch.device, backend: Ba
     """Describe `device` of your backend (owner's answer, see the module text).
 
     Called by `Backend.get_device_info(index)`. Set `DeviceInfo.device` to `str(device)`.
-    The "generic" fallback answers for any torch accelerator from
+    Set `extra["fp64"] = False` when the device cannot compute in float64: prepare_model
+    then refuses float64 models and sample inputs before placing them, in every mode
+    (UnsupportedDtypeError). The "generic" fallback answers for any torch accelerator from
     `torch.get_device_module(device.type).get_device_properties`. None: not yours.
     """
 
@@ -178,6 +180,13 @@ def torchbridge_optimization_passes(
     from any plugin wins, whatever the order; a veto naming no pass is reported. Anything
     in the list that is not a well-formed OptimizationPass is reported as your plugin's
     error and left out; the pipeline goes on. None: nothing.
+
+    Called for every backend, not only yours: check `backend.name` before reading
+    `backend.hardware_config` (another backend's section, or None). The pipeline does not
+    trust a pass's declarations: it compares the model and the watched process-wide
+    settings before and after each pass and rolls back a pass that changed what it
+    declared it would not (`mutates=False`, `settings`), naming it in the report; a pass
+    is reported applied only when its `effect` (or, without one, some change) is observed.
     """
 
 

@@ -191,7 +191,7 @@ class _Lied(Exception):
 
 def _lie(p: OptimizationPass, changes: ModelChanges) -> str | None:
     """What the pass changed against its own declaration, or None."""
-    declared = {s.name for s in p.settings}
+    declared = process.declared_names(p.settings)
     problems = [f"changed the process-wide setting {name} ({before!r} -> {after!r}) without "
                 "declaring it in OptimizationPass.settings"
                 for name, (_, before, after) in changes.settings.items()
@@ -383,7 +383,13 @@ class _Run:
         for entry in self.applied:
             if not entry.effective:
                 continue
+            # A setting that moved because a declared one did (fp32_precision with
+            # allow_tf32) follows it: reported and scoped through the declared one.
+            covered = process.declared_names(entry.p.settings) - {
+                s.name for s in entry.p.settings}
             for name, (setting, before, after) in entry.changes.settings.items():
+                if name in covered:
+                    continue
                 first = changes.get(name)
                 changes[name] = process.SettingChange(
                     name, first.before if first else before, after, setting.scope,
@@ -395,7 +401,7 @@ class _Run:
             assert change.setting is not None
             process.put(change.setting, change.before)
         if scoped:
-            self.scoping = ModelSnapshot(self.work)
+            self.scoping = ModelSnapshot(self.work, tensors=False)
             process.scope_to_calls(self.work, scoped)
 
     def final_check(self) -> None:

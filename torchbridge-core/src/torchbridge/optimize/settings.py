@@ -41,9 +41,12 @@ class ProcessSetting:
     write: Callable[[Any], None] | None
     scope: Literal["call", "process"] = "call"
     why_process: str = ""
+    # Names of settings that change with this one (torch keeps TF32 in a legacy flag and
+    # in fp32_precision): declaring this one declares those.
+    covers: tuple[str, ...] = ()
 
 
-def attribute_setting(path: str) -> ProcessSetting:
+def attribute_setting(path: str, covers: tuple[str, ...] = ()) -> ProcessSetting:
     """A setting that is an attribute of a torch module, e.g.
     "torch.backends.cuda.matmul.allow_tf32" (read when an op runs: scope "call")."""
     owner_path, attr = path.rsplit(".", 1)
@@ -55,7 +58,7 @@ def attribute_setting(path: str) -> ProcessSetting:
         return obj
 
     return ProcessSetting(path, lambda: getattr(owner(), attr, None),
-                          lambda value: setattr(owner(), attr, value))
+                          lambda value: setattr(owner(), attr, value), covers=covers)
 
 
 def function_setting(path: str) -> ProcessSetting:
@@ -82,15 +85,32 @@ def environment_setting(variable: str, why_process: str) -> ProcessSetting:
                           scope="process", why_process=why_process)
 
 
-TF32_MATMUL = attribute_setting("torch.backends.cuda.matmul.allow_tf32")
-CUDNN_TF32 = attribute_setting("torch.backends.cudnn.allow_tf32")
+# torch 2.9+ holds float32 precision in fp32_precision attributes too; the legacy TF32
+# flags and torch.set_float32_matmul_precision write both.
+_PRECISION = ("torch.backends.fp32_precision", "torch.backends.cuda.matmul.fp32_precision",
+              "torch.backends.cudnn.fp32_precision", "torch.backends.cudnn.conv.fp32_precision",
+              "torch.backends.cudnn.rnn.fp32_precision", "torch.backends.mkldnn.fp32_precision",
+              "torch.backends.mkldnn.matmul.fp32_precision",
+              "torch.backends.mkldnn.conv.fp32_precision",
+              "torch.backends.mkldnn.rnn.fp32_precision")
+_MATMUL_PRECISION = "torch.get_float32_matmul_precision()"
+
+TF32_MATMUL = attribute_setting(
+    "torch.backends.cuda.matmul.allow_tf32",
+    covers=("torch.backends.cuda.matmul.fp32_precision", _MATMUL_PRECISION))
+CUDNN_TF32 = attribute_setting("torch.backends.cudnn.allow_tf32",
+                               covers=tuple(p for p in _PRECISION if ".cudnn." in p))
 CUDNN_BENCHMARK = attribute_setting("torch.backends.cudnn.benchmark")
-ONEDNN_TF32 = attribute_setting("torch.backends.mkldnn.allow_tf32")
+ONEDNN_TF32 = attribute_setting("torch.backends.mkldnn.allow_tf32",
+                                covers=tuple(p for p in _PRECISION if ".mkldnn." in p))
 BLAS_LIBRARY = function_setting("torch.backends.cuda.preferred_blas_library")
 ROCM_FLASH_LIBRARY = function_setting("torch.backends.cuda.preferred_rocm_fa_library")
 
-# Read before and after every pass, whether a pass declares them or not.
+# Read before and after every pass, whether a pass declares them or not; put back in this
+# order (the fp32_precision attributes first: writing a legacy flag after them would mix
+# the two APIs, which torch then refuses to read).
 WATCHED: tuple[ProcessSetting, ...] = (
+    *(attribute_setting(path) for path in _PRECISION),
     TF32_MATMUL, CUDNN_TF32, CUDNN_BENCHMARK, ONEDNN_TF32,
     attribute_setting("torch.backends.cudnn.enabled"),
     attribute_setting("torch.backends.cudnn.deterministic"),
@@ -100,6 +120,8 @@ WATCHED: tuple[ProcessSetting, ...] = (
                    torch.are_deterministic_algorithms_enabled,
                    torch.use_deterministic_algorithms),
     ProcessSetting("torch.get_num_threads()", torch.get_num_threads, torch.set_num_threads),
+    ProcessSetting(_MATMUL_PRECISION, torch.get_float32_matmul_precision,
+                   torch.set_float32_matmul_precision),
 )
 if hasattr(torch.backends.cuda, "preferred_blas_library"):
     WATCHED += (BLAS_LIBRARY,)
@@ -119,6 +141,11 @@ def watched(declared: Sequence[ProcessSetting]) -> list[ProcessSetting]:
     """The settings to read around one pass: the watched ones and the pass's own."""
     names = {s.name for s in declared}
     return [*declared, *(s for s in WATCHED if s.name not in names)]
+
+
+def declared_names(declared: Sequence[ProcessSetting]) -> set[str]:
+    """The names a pass declares changing: its settings and those they cover."""
+    return {name for s in declared for name in (s.name, *s.covers)}
 
 
 def values(settings: Sequence[ProcessSetting]) -> dict[str, tuple[ProcessSetting, Any]]:

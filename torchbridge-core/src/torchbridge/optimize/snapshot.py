@@ -34,6 +34,7 @@ from torchbridge.optimize.forward import FORWARD_KEYS
 # Same-width integer views: bitwise equality (NaN equals itself, -0.0 differs from 0.0).
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
+_GONE = object()
 
 
 class SnapshotRestoreError(ModelOptimizationError):
@@ -63,8 +64,11 @@ def _layout(t: torch.Tensor) -> tuple[Any, ...]:
     return ptr, t.dtype, t.device, tuple(t.shape), t.stride(), t.storage_offset()
 
 
-def _copy_table(table: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.copy() if isinstance(v, (dict, set)) else v) for k, v in table.items()}
+def _contents(table: dict[str, Any]) -> dict[str, Any]:
+    """Copies of the dict and set values of a module's attribute table (its parameter,
+    buffer, submodule and hook tables): restored into the same objects, so that handles
+    the caller holds (a hook's RemovableHandle) keep pointing at the live table."""
+    return {k: v.copy() for k, v in table.items() if isinstance(v, (dict, set))}
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -77,6 +81,16 @@ def _same_value(a: Any, b: Any) -> bool:
     return isinstance(a, _PLAIN) and type(a) is type(b) and a == b
 
 
+def _differs(key: str, now: dict[str, Any], table: dict[str, Any],
+             contents: dict[str, Any]) -> bool:
+    """Whether a module attribute changed: a table (dict, set) must be the same object
+    with the same items; anything else the same object, or an equal plain value."""
+    current, saved = now.get(key, _GONE), table.get(key, _GONE)
+    if key in contents:
+        return current is not saved or not _same_value(current, contents[key])
+    return not _same_value(current, saved)
+
+
 @dataclass
 class TensorRecord:
     name: str
@@ -86,6 +100,7 @@ class TensorRecord:
     requires_grad: bool
     layout: tuple[Any, ...]
     cls: type = torch.Tensor
+    registered: bool = True  # a parameter or buffer (else a plain tensor attribute)
 
     def changed(self) -> bool:
         t = self.tensor
@@ -97,25 +112,28 @@ class TensorRecord:
                 or not same_bits(t.detach(), self.saved))
 
 
-def _record(name: str, t: torch.Tensor) -> TensorRecord:
+def _record(name: str, t: torch.Tensor, registered: bool) -> TensorRecord:
     if is_lazy(t):  # an uninitialized parameter (LazyLinear): no values to copy
         empty = torch.empty(0)
-        return TensorRecord(name, t, empty, empty, t.requires_grad, (), t.__class__)
+        return TensorRecord(name, t, empty, empty, t.requires_grad, (), t.__class__,
+                            registered)
     data = t.detach()
-    return TensorRecord(name, t, data, data.clone(), t.requires_grad, _layout(t), t.__class__)
+    return TensorRecord(name, t, data, data.clone(), t.requires_grad, _layout(t), t.__class__,
+                        registered)
 
 
-def _named_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Parameters, buffers and plain tensor attributes, each once, by first name."""
-    seen: dict[int, tuple[str, torch.Tensor]] = {}
+def _named_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor, bool]]:
+    """Parameters and buffers (True), and plain tensor attributes (False), each once, by
+    first name."""
+    seen: dict[int, tuple[str, torch.Tensor, bool]] = {}
     for prefix, module in model.named_modules(remove_duplicate=True):
         dot = f"{prefix}." if prefix else ""
-        tables = (module.__dict__.get("_parameters", {}), module.__dict__.get("_buffers", {}),
-                  module.__dict__)
-        for table in tables:
+        tables = ((module.__dict__.get("_parameters", {}), True),
+                  (module.__dict__.get("_buffers", {}), True), (module.__dict__, False))
+        for table, registered in tables:
             for key, value in table.items():
                 if isinstance(value, torch.Tensor) and id(value) not in seen:
-                    seen[id(value)] = (dot + key, value)
+                    seen[id(value)] = (dot + key, value, registered)
     return list(seen.values())
 
 
@@ -124,8 +142,11 @@ class ModelChanges:
     """What one pass changed, as observed."""
 
     replaced: bool = False  # apply returned another object than it was given
-    tensors: list[str] = field(default_factory=list)
-    structure: list[str] = field(default_factory=list)
+    tensors: list[str] = field(default_factory=list)  # parameters and buffers
+    structure: list[str] = field(default_factory=list)  # classes, parameter/module tables
+    # Plain attributes (numbers, tensors a forward keeps): running the model may change
+    # them (a call counter), so they are restored and checked, but are no lie.
+    attributes: list[str] = field(default_factory=list)
     forward: list[str] = field(default_factory=list)
     settings: dict[str, tuple[process.ProcessSetting, Any, Any]] = field(default_factory=dict)
     unchanged: set[int] = field(default_factory=set)  # ids of tensors found unchanged
@@ -133,7 +154,8 @@ class ModelChanges:
     @property
     def model(self) -> bool:
         """The model changed: weights, structure or how it runs."""
-        return self.replaced or bool(self.tensors or self.structure or self.forward)
+        return self.replaced or bool(self.tensors or self.structure or self.forward
+                                     or self.attributes)
 
     @property
     def mutated(self) -> bool:
@@ -153,6 +175,8 @@ class ModelChanges:
             parts.append(names("tensors", self.tensors))
         if self.structure:
             parts.append(names("modules", self.structure))
+        if self.attributes:
+            parts.append(names("attributes of", self.attributes))
         if self.forward:
             parts.append(names("the forward of", self.forward))
         parts += [f"{name} ({before!r} -> {after!r})"
@@ -165,23 +189,28 @@ class ModelChanges:
 class ModelSnapshot:
     def __init__(self, model: nn.Module, settings: Sequence[process.ProcessSetting] = (),
                  previous: ModelSnapshot | None = None,
-                 unchanged: set[int] | None = None) -> None:
+                 unchanged: set[int] | None = None, *, tensors: bool = True) -> None:
         """`previous`/`unchanged`: a snapshot taken earlier and the ids of the tensors found
-        unchanged since; their saved copies are reused instead of copied again."""
+        unchanged since; their saved copies are reused instead of copied again (unless the
+        tensor moved since, or is a lazy parameter: running the model between two passes
+        materializes it). `tensors=False`: module tables only (undoing an installed
+        forward)."""
         self.model = model
-        self.modules = [(name, m, m.__class__, _copy_table(m.__dict__))
+        self.modules = [(name, m, m.__class__, dict(m.__dict__), _contents(m.__dict__))
                         for name, m in model.named_modules(remove_duplicate=True)]
         reuse = {id(r.tensor): r for r in previous.tensors} \
             if previous is not None and unchanged else {}
         self.tensors: list[TensorRecord] = []
         with torch.no_grad():
-            for name, t in _named_tensors(model):
+            for name, t, registered in _named_tensors(model) if tensors else ():
                 old = reuse.get(id(t))
-                if old is not None and id(t) in (unchanged or ()):
+                if old is not None and id(t) in (unchanged or ()) and old.layout != () \
+                        and t.__class__ is old.cls and _layout(t) == old.layout:
                     self.tensors.append(TensorRecord(name, t, old.data, old.saved,
-                                                     old.requires_grad, old.layout, old.cls))
+                                                     old.requires_grad, old.layout, old.cls,
+                                                     registered))
                     continue
-                self.tensors.append(_record(name, t))
+                self.tensors.append(_record(name, t, registered))
         self.settings = process.values(settings)
 
     def changes(self, result: nn.Module) -> ModelChanges:
@@ -189,10 +218,10 @@ class ModelSnapshot:
         found = ModelChanges(replaced=result is not self.model)
         for record in self.tensors:
             if record.changed():
-                found.tensors.append(record.name)
+                (found.tensors if record.registered else found.attributes).append(record.name)
             else:
                 found.unchanged.add(id(record.tensor))
-        for name, module, cls, table in self.modules:
+        for name, module, cls, table, contents in self.modules:
             where = name or "(the model)"
             now = module.__dict__
             if module.__class__ is not cls:
@@ -202,9 +231,13 @@ class ModelSnapshot:
             keys = (set(now) | set(table)) - {"_torchbridge_optimization_result"}
             if any(now.get(k) is not table.get(k) for k in keys & FORWARD_KEYS):
                 found.forward.append(where)
-            if any(not _same_value(now.get(k, _GONE), table.get(k, _GONE))
-                   for k in keys - FORWARD_KEYS):
+            changed = [k for k in keys - FORWARD_KEYS if _differs(k, now, table, contents)]
+            plain = [k for k in changed if not isinstance(table.get(k, now.get(k)),
+                                                          (dict, set))]
+            if len(plain) < len(changed):
                 found.structure.append(where)
+            if plain:
+                found.attributes.append(where)
         for name, (setting, before) in self.settings.items():
             after = process.read(setting)
             if process.differs(before, after):
@@ -215,11 +248,15 @@ class ModelSnapshot:
         """The model and the watched settings exactly as they were; raises
         SnapshotRestoreError when something could not be put back."""
         problems: list[str] = []
-        for _, module, cls, table in self.modules:
+        for _, module, cls, table, contents in self.modules:
             if module.__class__ is not cls:
                 module.__class__ = cls
             module.__dict__.clear()
-            module.__dict__.update(_copy_table(table))
+            module.__dict__.update(table)
+            for key, saved in contents.items():
+                live = table[key]
+                live.clear()
+                live.update(saved)
         with torch.no_grad():
             for record in self.tensors:
                 try:
@@ -256,5 +293,3 @@ class ModelSnapshot:
         if t.requires_grad != record.requires_grad and t.is_leaf:
             t.requires_grad_(record.requires_grad)
 
-
-_GONE = object()

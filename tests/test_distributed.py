@@ -243,9 +243,10 @@ def test_launch_fsdp_on_two_ranks_and_its_checkpoint_loads_in_one_process(tmp_pa
         assert torch.equal(state0[key], state1[key]), key
     reference, reference_optimizer = reference_training()
     assert_matches(state0, reference)
-    # Each rank wrote its own shards ...
-    assert sorted(p.name for p in checkpoint.glob("*.distcp")) == ["__0_0.distcp",
-                                                                   "__1_0.distcp"]
+    # Each rank wrote its own shards into the version CURRENT names ...
+    version = checkpoint / (checkpoint / "CURRENT").read_text().split()[0]
+    assert sorted(p.name for p in version.glob("*.distcp")) == ["__0_0.distcp",
+                                                                "__1_0.distcp"]
     # ... and one process without a process group loads them, optimizer state included.
     model = worker.make_model()
     optimizer = worker.make_optimizer(model.parameters())

@@ -7,6 +7,11 @@ reshards on load. `distributed_to_single_file` turns one into the single-file st
 
 Layout: {"model": the user's module's state dict, under its own keys (DDP, compile and
 autocast wrappers removed), "optimizer": keyed by parameter name (DCP's portable form)}.
+
+Trust: a save writes a fresh version folder and publishes it (manifest of SHA-256s, then
+the CURRENT pointer) only when every rank has finished, so a killed or failed save leaves
+the previous checkpoint as it was; a load verifies every file against the manifest and reads
+DCP's metadata without running code from it (distributed/manifest.py, dcp_safe.py).
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +27,13 @@ from typing import Any
 from torch import nn
 
 from torchbridge.checkpoint import load_checkpoint, save_checkpoint
+from torchbridge.distributed import manifest
+from torchbridge.distributed.dcp_safe import (
+    NoFollowWriter,
+    SafeEmptyPlanner,
+    SafeLoadPlanner,
+    SafeReader,
+)
 from torchbridge.distributed.strategies import user_module
 from torchbridge.errors import CheckpointError
 
@@ -56,46 +67,160 @@ def _state(inner: nn.Module, optimizer: Any) -> dict[str, Any]:
     return {"model": model_state, "optimizer": optimizer_state}
 
 
-def save_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathLike[str],
-                                optimizer: Any = None) -> Path:
-    """Save `model` (prepared with distributed="ddp" or "fsdp", or a plain module) and
-    optionally its optimizer into the folder `checkpoint_dir`. Call it on every rank: it is
-    a collective. Returns the folder."""
+_PASS_THROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+def _translated(exc: BaseException, what: str, reader: SafeReader | None = None
+                ) -> CheckpointError:
+    """CheckpointError for anything DCP raised (its CheckpointException is a BaseException
+    that `except Exception` misses); a CheckpointError of ours inside it keeps its words."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(exc, CheckpointError):
+        return exc
+    if reader is not None and reader.refusal is not None:
+        return CheckpointError(str(reader.refusal))
+    cause: BaseException = exc
+    if isinstance(exc, CheckpointException) and exc.failures:
+        causes = [failure[0] for _, failure in sorted(exc.failures.items())]
+        ours = [c for c in causes if isinstance(c, CheckpointError)]
+        if ours:
+            return CheckpointError(str(ours[0]))
+        cause = causes[0]
+    return CheckpointError(f"{what}: {type(cause).__name__}: {cause}")
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if _group_active() else 0
+
+
+def _from_rank0(value: Any) -> Any:
+    """Rank 0's `value` on every rank (itself without a process group)."""
+    import torch.distributed as dist
+
+    if not _group_active():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _check_keep_last(keep_last: int | None) -> None:
+    if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
+                                  or keep_last < 1):
+        raise CheckpointError(f"keep_last={keep_last!r} must be a positive integer or None "
+                              "(keep every version)")
+
+
+def _save_version(state: dict[str, Any], root: Path, keep_last: int | None,
+                  collective: bool) -> Path:
+    """Write `state` into a fresh version folder of `root` and publish it once every rank
+    has written its part. Returns the version folder."""
+    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict_saver import save
 
+    first = not collective or _rank() == 0
+    made: Path | str = ""
+    if first:
+        try:
+            made = manifest.begin(root)
+        except CheckpointError as exc:
+            made = str(exc)
+    made = _from_rank0(made) if collective else made
+    if isinstance(made, str):
+        raise CheckpointError(made)
+    folder = made
+    try:
+        with _one_process_quietly():
+            save(state, storage_writer=NoFollowWriter(folder), no_dist=not collective)
+    except _PASS_THROUGH:
+        raise
+    except BaseException as exc:
+        if first:
+            manifest.discard(folder)
+        raise _translated(exc, f"cannot save distributed checkpoint {root}; the previous "
+                               "version is untouched") from exc
+    if collective:
+        dist.barrier()  # every rank has written and synced its files
+    error: str | None = None
+    if first:
+        try:
+            manifest.publish(folder, keep_last)
+        except CheckpointError as exc:
+            error = str(exc)
+            manifest.discard(folder)
+    error = _from_rank0(error) if collective else error
+    if error:
+        raise CheckpointError(error)
+    return folder
+
+
+def save_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathLike[str],
+                                optimizer: Any = None, *, keep_last: int | None = 1
+                                ) -> Path:
+    """Save `model` (prepared with distributed="ddp" or "fsdp", or a plain module) and
+    optionally its optimizer into the folder `checkpoint_dir`. Call it on every rank: it is
+    a collective. The new version becomes current only when every rank has finished; a
+    killed or failed save leaves the previous one as it was. `keep_last`: how many versions
+    to keep (older ones are removed after the new one is current; None keeps all). Returns
+    the folder."""
+    _check_keep_last(keep_last)
     inner = user_module(model)
     state = _state(inner, optimizer)
     path = Path(checkpoint_dir)
-    try:
-        with _one_process_quietly():
-            save(state, checkpoint_id=path, no_dist=not _group_active())
-    except Exception as exc:
-        raise CheckpointError(f"cannot save distributed checkpoint {path}: "
-                              f"{type(exc).__name__}: {exc}") from exc
-    logger.info("distributed checkpoint saved to %s", path)
+    folder = _save_version(state, path, keep_last, collective=_group_active())
+    logger.info("distributed checkpoint saved to %s (version %s)", path, folder.name)
     return path
+
+
+def _locate_everywhere(root: Path) -> manifest.Located:
+    """Verify `root` on every rank; if any rank refuses it, every rank raises."""
+    import torch.distributed as dist
+
+    located: manifest.Located | None = None
+    error: str | None = None
+    try:
+        located = manifest.locate(root)
+    except CheckpointError as exc:
+        error = str(exc)
+    if _group_active():
+        errors: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+        error = next((e for e in errors if e), None)
+    if error or located is None:
+        raise CheckpointError(error or f"cannot load distributed checkpoint {root}")
+    return located
+
+
+def _reader(located: manifest.Located) -> SafeReader:
+    return SafeReader(located.folder, located.metadata_sha256, located.files)
 
 
 def load_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathLike[str],
                                 optimizer: Any = None) -> None:
     """Load a checkpoint saved by `save_distributed_checkpoint` (on any number of ranks)
     into `model` and optionally `optimizer`, in place, resharding to this run's layout.
-    Collective when a process group is active; works in one process without one."""
+    Every file is checked against the manifest first. Collective when a process group is
+    active; works in one process without one."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load
 
     path = Path(checkpoint_dir)
-    if not (path / ".metadata").is_file():
-        raise CheckpointError(f"{path} is not a distributed checkpoint (no .metadata file "
-                              "written by torch.distributed.checkpoint)")
+    located = _locate_everywhere(path)
     inner = user_module(model)
     state = _state(inner, optimizer)
+    reader = _reader(located)
     try:
         with _one_process_quietly():
-            load(state, checkpoint_id=path, no_dist=not _group_active())
-    except Exception as exc:
-        raise CheckpointError(f"cannot load distributed checkpoint {path} into "
-                              f"{type(inner).__name__}: {type(exc).__name__}: {exc}") from exc
+            load(state, storage_reader=reader, planner=SafeLoadPlanner(),
+                 no_dist=not _group_active())
+    except _PASS_THROUGH:
+        raise
+    except BaseException as exc:
+        raise _translated(exc, f"cannot load distributed checkpoint {path} into "
+                               f"{type(inner).__name__}", reader) from exc
     if optimizer is None:
         set_model_state_dict(inner, state["model"])
     else:
@@ -108,38 +233,34 @@ def distributed_to_single_file(checkpoint_dir: str | os.PathLike[str],
     """Write the model state of a distributed checkpoint as one file that
     `torchbridge.load_checkpoint` (and `torch.load`) reads: full tensors, on the CPU, under
     the model's own keys. Run it in one process."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     source = Path(checkpoint_dir)
-    if not (source / ".metadata").is_file():
-        raise CheckpointError(f"{source} is not a distributed checkpoint (no .metadata file)")
-    target = Path(path)
-    with tempfile.TemporaryDirectory(dir=target.parent if target.parent.is_dir() else None
-                                     ) as tmp:
-        full = Path(tmp) / "full.pt"
+    located = manifest.locate(source)
+    state: dict[str, Any] = {}
+    reader = _reader(located)
+    try:
         with _one_process_quietly():
-            dcp_to_torch_save(source, full)
-        state = load_checkpoint(full)
-    if not isinstance(state, dict) or "model" not in state:
+            _load_state_dict(state, storage_reader=reader, planner=SafeEmptyPlanner(),
+                             no_dist=True)
+    except _PASS_THROUGH:
+        raise
+    except BaseException as exc:
+        raise _translated(exc, f"cannot read distributed checkpoint {source}", reader) from exc
+    if not isinstance(state.get("model"), dict):
         raise CheckpointError(f"{source} holds no 'model' entry; it was not written by "
                               "save_distributed_checkpoint")
-    return save_checkpoint(state["model"], target)
+    return save_checkpoint(state["model"], Path(path))
 
 
 def single_file_to_distributed(path: str | os.PathLike[str],
                                checkpoint_dir: str | os.PathLike[str]) -> Path:
     """Write a single-file checkpoint (`save_checkpoint`'s) as a distributed checkpoint that
-    `load_distributed_checkpoint` loads on any world size. Run it in one process."""
-    from torch.distributed.checkpoint.state_dict_saver import save
-
+    `load_distributed_checkpoint` loads on any world size (a new version of
+    `checkpoint_dir`, older ones removed). Run it in one process."""
     state = load_checkpoint(path)
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds {type(state).__name__}, not a state dict")
     target = Path(checkpoint_dir)
-    try:
-        with _one_process_quietly():
-            save({"model": state}, checkpoint_id=target, no_dist=True)
-    except Exception as exc:
-        raise CheckpointError(f"cannot write distributed checkpoint {target}: "
-                              f"{type(exc).__name__}: {exc}") from exc
+    _save_version({"model": state}, target, keep_last=1, collective=False)
     return target

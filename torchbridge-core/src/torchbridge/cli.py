@@ -303,7 +303,8 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _add_launch(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     # Every argument goes to the launcher unparsed: torchrun's own options (rendezvous,
-    # nodes, restarts) pass through unchanged, and torchrun's parser checks them.
+    # nodes, restarts) pass through unchanged; torchbridge.distributed.launch checks them
+    # all before torchrun starts (a mistake is a LaunchError: one line, exit status 2).
     launch = sub.add_parser("launch", prefix_chars="+", add_help=False,
                             help="start a training script on N processes per node (torchrun "
                             "underneath); --nproc-per-node auto: the backend's device count")

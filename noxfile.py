@@ -20,7 +20,7 @@ TORCH = ["torch==2.13.0", "numpy"]
 # The HF tests reach into transformers 5.x internals (its attention registry): a range
 # CI has passed; move it when a newer transformers passes tests/test_hf_*.py.
 HF = "transformers>=5.0,<5.24"
-TEST_EXTRAS = ["lightning>=2.4,<3", "hypothesis>=6.100", HF]
+TEST_EXTRAS = ["lightning>=2.4,<3", "hypothesis>=6.100", HF, "safetensors>=0.4"]
 # The meta-distribution with every extra, resolved against the local plugin folders.
 PACKAGES = ["./torchbridge-core", "./plugins/nvidia", "./plugins/amd", "./plugins/intel",
             "./plugins/tpu", ".[all]"]

@@ -24,7 +24,7 @@ import torch
 import torchbridge
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torchbridge import CheckpointError
+from torchbridge import CheckpointError, atomic_file
 from torchbridge.atomic_file import TEMP_MARK, pid_alive, temp_name
 
 posix_only = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -82,7 +82,8 @@ def uniform_value(state: dict[str, torch.Tensor]) -> float:
 
 @posix_only
 def test_saves_killed_at_random_points_keep_the_previous_file_and_leave_no_temporaries(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(atomic_file, "STALE_AFTER_S", 0.0)  # no grace period for the test
     path = tmp_path / "ckpt.pt"
     states = [state_of(float(v)) for v in (1, 2, 3)]
     torchbridge.save_checkpoint(states[0], path)
@@ -147,7 +148,9 @@ def test_two_processes_saving_to_one_path_leave_one_complete_checkpoint(tmp_path
 
 
 @posix_only
-def test_only_temporaries_of_dead_writers_on_this_host_are_removed(tmp_path: Path) -> None:
+def test_only_temporaries_of_dead_writers_on_this_host_are_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(atomic_file, "STALE_AFTER_S", 0.0)  # no grace period for the test
     dead = tmp_path / temp_name("m.pt").replace(f"-{os.getpid()}-", f"-{dead_pid()}-")
     live = tmp_path / temp_name("m.pt")                        # ours: this process is alive
     other_host = tmp_path / f".m.pt{TEMP_MARK}00000000-{dead_pid()}-0123abcd"
@@ -203,15 +206,18 @@ def test_a_replaced_file_keeps_its_mode_and_a_new_one_gets_the_umasks(tmp_path: 
 
 
 @posix_only
-def test_a_symlinked_path_writes_through_to_its_target(tmp_path: Path) -> None:
+def test_a_symlinked_path_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    # A save never writes through a link it did not create (issue 20): it refuses.
     real = tmp_path / "store" / "real.pt"
     real.parent.mkdir()
     torchbridge.save_checkpoint({"w": torch.ones(2)}, real)
+    before = real.read_bytes()
     link = tmp_path / "latest.pt"
     link.symlink_to(real)
-    torchbridge.save_checkpoint({"w": torch.full((2,), 7.0)}, link)
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        torchbridge.save_checkpoint({"w": torch.full((2,), 7.0)}, link)
     assert link.is_symlink() and os.readlink(link) == str(real)
-    assert torch.load(real, weights_only=True)["w"].tolist() == [7.0, 7.0]
+    assert real.read_bytes() == before
     assert temporaries(tmp_path) == [] and temporaries(real.parent) == []
 
 

@@ -4,14 +4,26 @@ A checkpoint is a plain `torch.save`d state dict with every tensor on the CPU, s
 reads it anywhere, with or without TorchBridge. Saving is atomic: the file is written to a
 temporary next to its destination, flushed to disk and renamed over it, so a crash at any
 point leaves the old checkpoint (or none), never a truncated one. Temporaries are named
-`.<name>.tbtmp-<host>-<pid>-<random>`; the next save or load in the folder removes those
-whose process is dead, and never one of a live process (see `torchbridge.atomic_file`).
+`.<name>.tbtmp-<tag>-<pid>-<stamp>-<random>`; a later save or load in the folder removes
+those that are old and whose writer provably died (same host, boot and PID namespace),
+never one of a live process (see `torchbridge.atomic_file`).
 
-Loading checks the file before trusting it: torch's zip format stores a CRC-32 of every
-record, which torch.load itself never checks (a flipped byte in a tensor loads silently as
-a different number), so the CRCs are verified first. Only a file that is intact is ever
-said to hold objects other than tensors, so the advice to load with weights_only=False
-(which runs code stored in the file) never reaches the owner of a damaged or foreign file.
+A save never writes through a symlink at the destination: it is refused.
+
+Integrity: a file written here ends with a SHA-256 of all its other bytes, kept in the zip
+archive's comment, which torch.load ignores; loading verifies it, so any changed byte is an
+error, never different numbers. A plain torch.save file (no footer) is checked
+structurally (central directory against local headers, flags, no directory entries, the
+CRC-32 of every record). Before torch.load runs, the pickle is replayed without running
+anything to check every declared storage size against the file and to bound the object
+count and nesting depth; a dtype conversion or device move converts each storage once
+(views keep sharing it) after its memory is estimated. See `torchbridge.checkpoint_checks`.
+Only a file that is intact is ever said to hold objects other than tensors, so the advice
+to load with weights_only=False (which runs code stored in the file) never reaches the
+owner of a damaged or foreign file.
+
+`.safetensors` files (and sharded `*.safetensors.index.json` checkpoints) are read and
+written too, chosen by the extension or `format=`: see `torchbridge.safetensors_io`.
 """
 
 from __future__ import annotations
@@ -22,14 +34,15 @@ import os
 import pickle
 import pickletools
 import re
-import zipfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from torchbridge import checkpoint_checks as checks
+from torchbridge import safetensors_io
 from torchbridge.atomic_file import describe_os_error, remove_dead_temporaries, write_atomically
 from torchbridge.backend import get_backend
 from torchbridge.errors import CheckpointError
@@ -38,6 +51,11 @@ logger = logging.getLogger(__name__)
 
 # The first pickle of torch's legacy (pre-1.6, non-zip) format.
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+_FORMATS = ("torch", "safetensors")
+# A dtype conversion or device move may need at most this many bytes per byte of the file
+# (float8 -> float64 is 8x), plus a fixed allowance for tensors not backed by file bytes.
+_EXPANSION = 8
+_ALLOWANCE = 64 * 1024 * 1024
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -69,14 +87,34 @@ def _host_copy(state: Any) -> Any:
     return copied
 
 
-def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.PathLike[str]
-                    ) -> Path:
+def _format_of(path: Path, format: str | None, loading: bool) -> str:
+    if format is not None:
+        if format not in _FORMATS:
+            raise CheckpointError(f"format must be 'torch' or 'safetensors', got {format!r}")
+        return format
+    name = path.name.lower()
+    if name.endswith(".safetensors") or name.endswith(safetensors_io.INDEX_SUFFIX):
+        return "safetensors"
+    if loading and path.is_dir():
+        try:
+            if safetensors_io.find_in_folder(path) is not None:
+                return "safetensors"
+        except CheckpointError:
+            return "safetensors"  # several candidates: let the safetensors loader say so
+    return "torch"
+
+
+def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.PathLike[str],
+                    *, format: str | None = None) -> Path:
     """Save a model's state dict (or any dict of tensors) with every tensor on the CPU.
     Device tensors (XLA, CUDA, ...) are copied to the host first. Returns the path.
 
-    A symlink is written through to its target; an existing file keeps its permissions, a
-    new one gets the umask's. Any failure is a CheckpointError naming the file and the
-    cause, and leaves the previous file as it was."""
+    `format` is "torch" (torch.save's zip, with a SHA-256 footer) or "safetensors" (tensors
+    only, no code; other entries are refused naming the key); None picks safetensors for a
+    path ending in `.safetensors`, else torch. A path that is a symlink is refused (a save
+    never follows a link it did not create); an existing file keeps its permissions, a new
+    one gets the umask's. Any failure is a CheckpointError naming the file and the cause,
+    and leaves the previous file as it was."""
     if isinstance(model_or_state, nn.Module):
         state: Any = unwrap(model_or_state).state_dict()
     elif isinstance(model_or_state, dict):
@@ -89,50 +127,37 @@ def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.P
     except TypeError:
         raise CheckpointError(f"checkpoint path must be a str or os.PathLike, got "
                               f"{type(path).__name__}") from None
+    fmt = _format_of(path, format, loading=False)
     try:
         cpu_state = _host_copy(state)
     except Exception as exc:
         raise CheckpointError(f"cannot save checkpoint {path}: copying its tensors to the "
                               f"CPU failed: {type(exc).__name__}: {exc}") from exc
+    if fmt == "safetensors":
+        target = safetensors_io.save(cpu_state, path)
+        logger.info("checkpoint saved to %s", target)
+        return path
 
     def write(file: Any) -> None:
-        torch.save(cpu_state, file)
+        hashing = checks.HashingWriter(file)
+        torch.save(cpu_state, hashing)  # type: ignore[arg-type]
+        hashing.finish()
 
     target = write_atomically(path, write, error=CheckpointError, what="checkpoint")
     logger.info("checkpoint saved to %s", target)
     return path
 
 
-def _intact_zip(path: Path) -> str | None:
-    """None when `path` is a zip archive whose records all match their CRC-32 and whose
-    data.pkl is a complete pickle; else what is wrong with it."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-            if bad is not None:
-                return f"record {bad} fails its CRC-32 check"
-            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")
-                       or n == "data.pkl"]
-            if len(pickles) != 1:
-                return "a zip archive without torch's data.pkl record"
-            with archive.open(pickles[0]) as data:
-                for _ in pickletools.genops(data):  # parses only; runs nothing
-                    pass
-    except Exception as exc:  # zipfile and pickletools raise many types on bad input
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def _legacy_torch_file(path: Path) -> bool:
-    """Whether `path` starts like torch's legacy (non-zip) format: a pickled magic number.
+def _legacy_torch_file(f: IO[bytes]) -> bool:
+    """Whether `f` starts like torch's legacy (non-zip) format: a pickled magic number.
     Parsed without unpickling anything."""
     try:
-        with open(path, "rb") as f:
-            for opcode, arg, _ in pickletools.genops(f):
-                if opcode.name in ("LONG1", "LONG4", "LONG", "INT") and arg == _LEGACY_MAGIC:
-                    return True
-                if opcode.name == "STOP":
-                    return False
+        f.seek(0)
+        for opcode, arg, _ in pickletools.genops(f):
+            if opcode.name in ("LONG1", "LONG4", "LONG", "INT") and arg == _LEGACY_MAGIC:
+                return True
+            if opcode.name == "STOP":
+                return False
     except Exception:
         return False
     return False
@@ -163,16 +188,204 @@ def _check_file(path: Path) -> None:
                               "is empty")
 
 
+def _verify(f: IO[bytes], size: int) -> bool:
+    """Run every check before torch.load; raises checks.Damaged. Returns whether the file
+    is a zip archive (else torch's legacy format)."""
+    f.seek(0)
+    if f.read(4) == b"PK\x03\x04":
+        footer = checks.has_footer(f, size)
+        if footer:
+            checks.verify_footer(f, size)
+        layout = checks.check_zip(f, size, crc=not footer)
+        checks.check_zip_pickle(f, layout)
+        return True
+    if not _legacy_torch_file(f):
+        raise checks.Damaged("not written by torch.save (neither a zip archive nor torch's "
+                             "legacy format)")
+    checks.check_legacy(f, size)
+    return False
+
+
+def _load_torch(path: Path, weights_only: bool) -> tuple[Any, int]:
+    """torch.load of `path` after every check, reading one open file throughout."""
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {describe_os_error(exc)}"
+                              ) from None
+    with f:
+        try:
+            size = checks.file_size(f)
+            is_zip = _verify(f, size)
+        except checks.Damaged as exc:
+            raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint: {exc}"
+                                  ) from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot read checkpoint {path}: {describe_os_error(exc)}"
+                                  ) from None
+        except Exception as exc:  # a check tripping over a file nobody foresaw
+            raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint: "
+                                  f"{type(exc).__name__}: {exc}") from None
+        try:
+            f.seek(0)
+            state = torch.load(f, map_location="cpu", weights_only=weights_only)
+        except Exception as exc:
+            # A verified zip is as torch.save wrote it; a legacy file has no checksums, so
+            # it counts as intact only when the refusal names a global.
+            intact = is_zip or "Unsupported global" in str(exc)
+            if weights_only and isinstance(exc, pickle.UnpicklingError) and intact:
+                raise CheckpointError(
+                    f"checkpoint {path} is intact but holds objects other than tensors and "
+                    f"plain containers ({_refused_object(exc)}), so the safe loader refused "
+                    "it. If you trust this file, load it with load_checkpoint(path, "
+                    "weights_only=False), which runs code stored in it") from exc
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint "
+                                  f"(truncated, altered, or not written by torch.save): "
+                                  f"{type(exc).__name__}: {first}") from exc
+    return state, size
+
+
+def _containers(obj: Any) -> list[Any] | None:
+    if isinstance(obj, dict):
+        return list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return list(obj)
+    return None
+
+
+def _rebuild(obj: Any, items: list[Any]) -> Any:
+    if isinstance(obj, dict):
+        try:
+            new: Any = type(obj)(zip(obj.keys(), items, strict=True))
+        except Exception:
+            new = dict(zip(obj.keys(), items, strict=True))
+        metadata = getattr(obj, "_metadata", None)
+        if metadata is not None:
+            new._metadata = metadata
+        return new
+    if isinstance(obj, list):
+        return items if type(obj) is list else type(obj)(items)
+    if hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*items)
+    try:
+        return type(obj)(items)
+    except Exception:
+        return tuple(items)
+
+
+def _map_tensors(root: Any, fn: Any) -> Any:
+    """`root` with fn applied to every tensor in its dicts, lists and tuples: iterative,
+    each object once (shared children stay shared), containers without a changed tensor
+    kept as they are."""
+    done: dict[int, Any] = {}
+    started: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        obj, expanded = stack.pop()
+        key = id(obj)
+        if key in done:
+            continue
+        if isinstance(obj, torch.Tensor):
+            done[key] = fn(obj)
+            continue
+        kids = _containers(obj)
+        if kids is None:
+            done[key] = obj
+            continue
+        if not expanded:
+            if key in started:
+                continue  # a cycle: left as it is
+            started.add(key)
+            stack.append((obj, True))
+            stack.extend((kid, False) for kid in kids if id(kid) not in done)
+            continue
+        items = [done.get(id(kid), kid) for kid in kids]
+        changed = any(a is not b for a, b in zip(items, kids, strict=True))
+        done[key] = _rebuild(obj, items) if changed else obj
+    return done.get(id(root), root)
+
+
+def _tensors(root: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+
+    def record(t: torch.Tensor) -> torch.Tensor:
+        found.append(t)
+        return t
+
+    _map_tensors(root, record)
+    return found
+
+
+def _place_all(state: Any, path: Path, size: int, device: torch.device | None,
+               dtype: torch.dtype | None) -> Any:
+    """Cast floating tensors to `dtype` and move everything to `device`, one storage at a
+    time (views of one storage stay views of one storage), after estimating the memory."""
+    if device is None and dtype is None:
+        return state
+
+    def target_dtype(t: torch.Tensor) -> torch.dtype:
+        return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
+    def dense(t: torch.Tensor) -> bool:
+        return (t.layout == torch.strided and t.device.type == "cpu" and not t.is_quantized
+                and type(t) in (torch.Tensor, nn.Parameter))
+
+    need = 0
+    storages: set[tuple[int, int]] = set()
+    for t in _tensors(state):
+        itemsize = torch.empty(0, dtype=target_dtype(t)).element_size()
+        if dense(t):
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), storage.nbytes())
+            if key not in storages:
+                storages.add(key)
+                need += storage.nbytes() // max(t.element_size(), 1) * itemsize
+        else:
+            need += t.numel() * itemsize
+    limit = _EXPANSION * size + _ALLOWANCE
+    if need > limit:
+        raise CheckpointError(
+            f"checkpoint {path} is damaged or hostile: converting it would take {need} bytes "
+            f"of memory, over {limit} for a {size}-byte file; nothing was converted")
+    converted: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+
+    def place(t: torch.Tensor) -> torch.Tensor:
+        want = target_dtype(t)
+        if not dense(t):
+            t = t.to(want)
+            return t.to(device) if device is not None else t
+        if want == t.dtype and device is None:
+            return t
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes(), t.dtype)
+        base = converted.get(key)
+        if base is None:
+            flat = torch.empty(0, dtype=t.dtype)
+            flat.set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
+            base = flat.to(want)
+            if device is not None:
+                base = base.to(device)
+            converted[key] = base
+        return base.as_strided(t.size(), t.stride(), t.storage_offset())
+
+    return _map_tensors(state, place)
+
+
 def load_checkpoint(path: str | os.PathLike[str], backend: Any = None,
-                    dtype: torch.dtype | None = None, *, weights_only: bool = True) -> Any:
+                    dtype: torch.dtype | None = None, *, weights_only: bool = True,
+                    format: str | None = None) -> Any:
     """Load a checkpoint onto `backend` (a Backend or a name such as "tpu"; None: the CPU),
     casting floating-point tensors to `dtype` if given (integer, bool and complex tensors
     keep their dtype).
 
-    weights_only=True (the default) reads tensors and plain containers only and refuses
-    anything else; a file that needs more says so, and weights_only=False loads it by
-    running the code pickled in it: do that only for files you trust. An empty, truncated,
-    damaged (a record failing its CRC) or foreign file is a CheckpointError saying so."""
+    `format` is "torch" or "safetensors"; None picks safetensors for a `.safetensors` file,
+    a `*.safetensors.index.json` (a sharded checkpoint) or a folder holding either, else
+    torch. weights_only=True (the default) reads tensors and plain containers only and
+    refuses anything else; a file that needs more says so, and weights_only=False loads it
+    by running the code pickled in it: do that only for files you trust (safetensors files
+    never hold code). An empty, truncated, damaged or foreign file, or one whose structure
+    or sizes are out of bounds, is a CheckpointError saying so."""
     try:
         path = Path(path)
     except TypeError:
@@ -188,38 +401,14 @@ def load_checkpoint(path: str | os.PathLike[str], backend: Any = None,
         if not isinstance(device, torch.device):
             raise CheckpointError(f"backend must be a Backend or a backend name such as "
                                   f"'tpu', got {type(backend).__name__}")
-    _check_file(path)
-    remove_dead_temporaries(path.resolve().parent)
-    damage = None
-    if zipfile.is_zipfile(path):
-        damage = _intact_zip(path)
-        if damage is not None:
-            raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint: {damage}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=weights_only)
-    except Exception as exc:
-        # A verified zip is as torch.save wrote it; a legacy file has no checksums, so it
-        # counts as intact only when it starts like one and the refusal names a global.
-        intact = zipfile.is_zipfile(path) or (
-            _legacy_torch_file(path) and "Unsupported global" in str(exc))
-        if weights_only and isinstance(exc, pickle.UnpicklingError) and intact:
-            raise CheckpointError(
-                f"checkpoint {path} is intact but holds objects other than tensors and plain "
-                f"containers ({_refused_object(exc)}), so the safe loader refused it. If you "
-                "trust this file, load it with load_checkpoint(path, weights_only=False), "
-                "which runs code stored in it") from exc
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint (truncated, "
-                              f"altered, or not written by torch.save): "
-                              f"{type(exc).__name__}: {first}") from exc
-
-    def place(t: torch.Tensor) -> torch.Tensor:
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        return t.to(device) if device is not None else t
-
-    placed = pytree.tree_map_only(torch.Tensor, place, state)
-    metadata = getattr(state, "_metadata", None)
-    if metadata is not None and isinstance(placed, dict):
-        placed._metadata = metadata  # type: ignore[attr-defined]
-    return placed
+    fmt = _format_of(path, format, loading=True)
+    if fmt == "safetensors":
+        if not path.exists():
+            raise CheckpointError(f"checkpoint {path} does not exist")
+        state: Any = safetensors_io.load(path)
+        size = sum(t.nbytes for t in state.values())
+    else:
+        _check_file(path)
+        remove_dead_temporaries(path.resolve().parent)
+        state, size = _load_torch(path, weights_only)
+    return _place_all(state, path, size, device, dtype)

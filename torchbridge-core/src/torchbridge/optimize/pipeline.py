@@ -1,11 +1,10 @@
-"""Running the passes: collect, order, check, apply with rollback, report, measure."""
+"""prepare_model: collect the passes (one per name, vetoes, malformed contributions), refuse
+what cannot run (float64 without fp64), then run them (optimize/run.py) and measure."""
 
 from __future__ import annotations
 
 import copy
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -20,19 +19,16 @@ from torchbridge.errors import (
     UnsupportedDtypeError,
 )
 from torchbridge.levels import LEVEL_TOLERANCE, OptimizationLevel
-from torchbridge.optimize import settings as process
-from torchbridge.optimize.forward import compile_state
 from torchbridge.optimize.measure import (
     compare_latency,
-    output_drift,
     preserved_state,
     sample_call,
 )
-from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
-from torchbridge.optimize.report import OptimizationResult, PassRecord, attach_result
-from torchbridge.optimize.settings import ProcessSetting, watched
-from torchbridge.optimize.snapshot import ModelChanges, ModelSnapshot, SnapshotRestoreError
-from torchbridge.plugins import get_plugin_host, is_fatal
+from torchbridge.optimize.passes import OptimizationPass, PassContext
+from torchbridge.optimize.report import OptimizationResult, attach_result
+from torchbridge.optimize.run import Run
+from torchbridge.optimize.settings import ProcessSetting
+from torchbridge.plugins import get_plugin_host
 from torchbridge.types import DeviceInfo
 
 if TYPE_CHECKING:
@@ -125,25 +121,6 @@ def collect_passes(backend: Backend, level: OptimizationLevel) -> CollectedPasse
     return CollectedPasses(ordered, problems)
 
 
-def _skip_reason(p: OptimizationPass, plugin: str, model: nn.Module, ctx: PassContext
-                 ) -> str | None:
-    if p.veto_reason is not None:
-        return f"vetoed by plugin {plugin}: {p.veto_reason}"
-    if p.name in ctx.config.optimization.disabled_passes:
-        return "disabled by config optimization.disabled_passes"
-    if ctx.level < p.min_level:
-        return f"level {ctx.level.value} is below this pass's {p.min_level.value}"
-    if p.mode == "inference" and ctx.training:
-        return "model is in training mode and this pass is for inference only"
-    if p.mode == "training" and not ctx.training:
-        return "model is in eval mode and this pass is for training only"
-    reason = p.check(model, ctx)
-    if reason is not None and not isinstance(reason, str):
-        raise TypeError(f"check returned {type(reason).__name__}, expected a reason string "
-                        "or None")
-    return reason
-
-
 def _copy(model: nn.Module, why: str) -> nn.Module:
     try:
         return copy.deepcopy(model)
@@ -152,73 +129,6 @@ def _copy(model: nn.Module, why: str) -> nn.Module:
             f"the model cannot be deep-copied ({type(exc).__name__}: {exc}), and {why}; "
             "pass inplace=True to prepare the model itself") from exc
 
-
-def _run_sample(model: nn.Module, call: Callable[[nn.Module], Any]) -> Any:
-    """The model's output on the sample input, in eval mode (no dropout, BatchNorm on its
-    running statistics: comparable between runs), leaving no trace on the model or the
-    global RNG."""
-    with preserved_state(model):
-        model.eval()
-        return call(model)
-
-
-def _verify(model: nn.Module, call: Callable[[nn.Module], Any], reference: Any,
-            tolerance: float) -> tuple[Any, float, float]:
-    """(output, max abs drift, max rel drift) of the model after a pass; raises
-    _Unverified when its output is no drop-in for the reference."""
-    out = _run_sample(model, call)
-    state = compile_state(model)
-    if state is not None and state.error is not None:
-        raise _Unverified(f"the compiled model failed on the sample input: "
-                          f"{type(state.error).__name__}: {state.error}")
-    try:
-        max_abs, max_rel = output_drift(reference, out)
-    except ValueError as exc:
-        raise _Unverified(str(exc)) from None
-    if not max_rel <= tolerance:
-        raise _Unverified(f"output drift {max_rel:.3g} (max abs {max_abs:.3g}) exceeds the "
-                          f"level's tolerance {tolerance:g}")
-    return out, max_abs, max_rel
-
-
-class _Unverified(Exception):
-    """A pass's result failed the check on the sample input."""
-
-
-class _Lied(Exception):
-    """A pass changed what it declared it would not."""
-
-
-def _lie(p: OptimizationPass, changes: ModelChanges) -> str | None:
-    """What the pass changed against its own declaration, or None."""
-    declared = process.declared_names(p.settings)
-    problems = [f"changed the process-wide setting {name} ({before!r} -> {after!r}) without "
-                "declaring it in OptimizationPass.settings"
-                for name, (_, before, after) in changes.settings.items()
-                if name not in declared]
-    if not p.mutates and changes.mutated:
-        problems.append("declared mutates=False but changed " + ModelChanges(
-            tensors=changes.tensors, structure=changes.structure).describe())
-    return "; ".join(problems) or None
-
-
-def _state_changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
-    try:
-        return bool(before != after)
-    except Exception:  # values that do not compare (tensors): count as changed
-        return True
-
-
-@dataclass
-class _Applied:
-    """A pass that was applied: the model as it was before it, and what it changed."""
-
-    plugin: str
-    p: OptimizationPass
-    before: ModelSnapshot
-    changes: ModelChanges
-    record: int  # its index in result.passes
-    effective: bool = True
 
 
 def _device_info(backend: Backend, notes: list[str]) -> DeviceInfo:
@@ -254,215 +164,6 @@ def refuse_float64(model: nn.Module, sample_input: Any, info: DeviceInfo) -> Non
             "model and its inputs with .float() (or .to(torch.float32)) first")
 
 
-class _Run:
-    """One prepare_model run: the passes applied so far, each with the snapshot of the model
-    before it, so that any of them, or all, can be undone in reverse order."""
-
-    def __init__(self, backend: Backend, work: nn.Module, ctx: PassContext,
-                 result: OptimizationResult, call: Callable[[nn.Module], Any] | None,
-                 tolerance: float, strict: bool) -> None:
-        self.backend, self.work, self.ctx, self.result = backend, work, ctx, result
-        self.call, self.tolerance, self.strict = call, tolerance, strict
-        self.applied: list[_Applied] = []
-        self.scoping: ModelSnapshot | None = None  # before the scoped-settings forward
-        self.reference: Any = None
-        self.have_reference = False
-        # The snapshot to share saved tensors with, and the tensors unchanged since it.
-        self.last: ModelSnapshot | None = None
-        self.unchanged: set[int] = set()
-
-    # -- the passes ------------------------------------------------------------------------
-    def run(self, plugin: str, p: OptimizationPass) -> None:
-        if self.call is not None and not self.have_reference and p.order > 0:
-            # O0's output: the model as given, placed on the device.
-            try:
-                self.reference = _run_sample(self.work, self.call)
-            except Exception as exc:
-                raise ModelOptimizationError(
-                    f"the model raised on the sample input before any pass ran: "
-                    f"{type(exc).__name__}: {exc}") from exc
-            self.have_reference = True
-        result, ctx = self.result, self.ctx
-        started = time.perf_counter()
-        try:
-            reason = _skip_reason(p, plugin, self.work, ctx)
-        except Exception as exc:
-            self._failed(plugin, p, exc)
-            return
-        if reason is not None:
-            result.passes.append(PassRecord(p.name, "skipped", reason, plugin))
-            return
-        before = ModelSnapshot(self.work, watched(p.settings), self.last, self.unchanged)
-        saved_state, saved_notes = _copy_state(ctx.state), len(ctx.notes)
-        try:
-            assert p.apply is not None
-            out = p.apply(self.work, ctx)
-            if not isinstance(out, nn.Module):
-                raise TypeError(f"apply returned {type(out).__name__}, expected the "
-                                "nn.Module it was given or its replacement")
-            changes = before.changes(out)
-            lie = _lie(p, changes)
-            if lie is not None:
-                raise _Lied(lie)
-            if p.effect is None and not changes and \
-                    not _state_changed(saved_state, ctx.state):
-                raise PassSkipped("apply changed nothing: not the model, not a process-wide "
-                                  "setting, not the run's state")
-            if self.have_reference and (changes.model or changes.settings):
-                _verify(out, self.call, self.reference, self.tolerance)  # type: ignore[arg-type]
-        except BaseException as exc:
-            ctx.state.clear()
-            ctx.state.update(saved_state)
-            del ctx.notes[saved_notes:]
-            try:
-                before.restore()  # the model as it was, also the caller's own (inplace)
-            except SnapshotRestoreError as restore_error:
-                raise ModelOptimizationError(
-                    f"pass {p.name!r} (plugin {plugin}) failed ({type(exc).__name__}: "
-                    f"{exc}) and {restore_error}") from exc
-            self.last, self.unchanged = before, {id(r.tensor) for r in before.tensors}
-            if is_fatal(exc):
-                raise
-            self._failed(plugin, p, exc)
-            return
-        self.work = out
-        self.last, self.unchanged = before, changes.unchanged
-        self.applied.append(_Applied(plugin, p, before, changes, len(result.passes)))
-        result.passes.append(PassRecord(p.name, "applied", p.description, plugin,
-                                        time.perf_counter() - started))
-
-    def _failed(self, plugin: str, p: OptimizationPass, exc: BaseException) -> None:
-        if isinstance(exc, PassSkipped):
-            self.result.passes.append(PassRecord(p.name, "skipped", str(exc), plugin))
-            return
-        if isinstance(exc, _Lied):
-            error = f"rolled back: the pass {exc}"
-            record = get_plugin_host().records.get(plugin)
-            if record is not None:
-                record.warn(f"pass {p.name!r} {exc}")
-        elif isinstance(exc, _Unverified):
-            error = str(exc)
-        else:
-            error = f"{type(exc).__name__}: {exc}"
-        logger.warning("pass %s (plugin %s) failed and was rolled back: %s", p.name,
-                       plugin, error)
-        self.result.passes.append(PassRecord(p.name, "failed", error, plugin))
-        if self.strict:
-            if isinstance(exc, TorchBridgeError):
-                raise exc  # already names the problem (a plugin's own error class)
-            raise ModelOptimizationError(f"pass {p.name!r} (plugin {plugin}) failed: "
-                                         f"{error}") from exc
-
-    # -- when every pass has run -----------------------------------------------------------
-    def check_effects(self) -> None:
-        """Each applied pass with an `effect` shows it on the prepared model; one that does
-        not is reported skipped, and the settings it changed are put back."""
-        for entry in self.applied:
-            if entry.p.effect is None:
-                continue
-            try:
-                missing = entry.p.effect(self.work, self.ctx)
-            except Exception as exc:
-                missing = f"its effect check raised {type(exc).__name__}: {exc}"
-            if missing is None:
-                continue
-            entry.effective = False
-            self.result.passes[entry.record] = PassRecord(
-                entry.p.name, "skipped", f"no effect: {missing}", entry.plugin)
-            for _, (setting, before, after) in entry.changes.settings.items():
-                if not process.differs(process.read(setting), after):
-                    process.put(setting, before)
-            if entry.changes.model:
-                self.result.notes.append(f"{entry.p.name}: its changes to the model stay "
-                                         f"({entry.changes.describe()})")
-
-    def settle_settings(self) -> None:
-        """The process-wide settings the applied passes changed, in the report; those torch
-        reads at call time put back and set around each call of the prepared model."""
-        changes: dict[str, process.SettingChange] = {}
-        for entry in self.applied:
-            if not entry.effective:
-                continue
-            # A setting that moved because a declared one did (fp32_precision with
-            # allow_tf32) follows it: reported and scoped through the declared one.
-            covered = process.declared_names(entry.p.settings) - {
-                s.name for s in entry.p.settings}
-            for name, (setting, before, after) in entry.changes.settings.items():
-                if name in covered:
-                    continue
-                first = changes.get(name)
-                changes[name] = process.SettingChange(
-                    name, first.before if first else before, after, setting.scope,
-                    entry.p.name, entry.plugin, setting.why_process, setting)
-        kept = [c for c in changes.values() if process.differs(c.before, c.after)]
-        self.result.process_settings = kept
-        scoped = [c for c in kept if c.scope == "call"]
-        for change in scoped:
-            assert change.setting is not None
-            process.put(change.setting, change.before)
-        if scoped:
-            self.scoping = ModelSnapshot(self.work, tensors=False)
-            process.scope_to_calls(self.work, scoped)
-
-    def final_check(self) -> None:
-        """The prepared model against O0 on the sample input, once more, as returned. Outside
-        the level's tolerance, passes are undone from the last until it holds (strict:
-        the run fails)."""
-        if self.call is None:
-            return
-        if not self.have_reference:  # no pass after placement: the model is O0's
-            self.reference = _run_sample(self.work, self.call)
-            self.have_reference = True
-        while True:
-            try:
-                _, max_abs, max_rel = _verify(self.work, self.call, self.reference,
-                                                self.tolerance)
-                self.result.max_abs_diff, self.result.max_rel_diff = max_abs, max_rel
-                return
-            except Exception as exc:
-                problem = str(exc) if isinstance(exc, _Unverified) else \
-                    f"{type(exc).__name__}: {exc}"
-            why = f"the prepared model, checked once more at the end, is no drop-in for " \
-                  f"O0 on the sample input: {problem}"
-            if self.strict or not self.applied:
-                raise ModelOptimizationError(why)
-            entry = self.undo_last()
-            self.result.passes[entry.record] = PassRecord(
-                entry.p.name, "failed", f"undone after the run: {why}", entry.plugin)
-            self.result.notes.append(f"{why}; undid {entry.p.name} (plugin {entry.plugin}) "
-                                     "and checked again")
-            self.settle_settings()
-
-    # -- undoing ---------------------------------------------------------------------------
-    def _unscope(self) -> None:
-        if self.scoping is not None:
-            self.scoping.restore()
-            self.scoping = None
-
-    def undo_last(self) -> _Applied:
-        self._unscope()
-        entry = self.applied.pop()
-        entry.before.restore()
-        self.work = entry.before.model
-        return entry
-
-    def undo_all(self) -> str | None:
-        """Every applied pass undone, in reverse order; what could not be, if anything."""
-        problems = []
-        try:
-            self._unscope()
-        except SnapshotRestoreError as exc:
-            problems.append(str(exc))
-        while self.applied:
-            entry = self.applied.pop()
-            try:
-                entry.before.restore()
-            except SnapshotRestoreError as exc:
-                problems.append(f"after pass {entry.p.name} (plugin {entry.plugin}): {exc}")
-            self.work = entry.before.model
-        return "; ".join(problems) or None
-
-
 def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input: Any = None,
                  measure: bool = False, inplace: bool = False, strict: bool | None = None
                  ) -> OptimizationResult:
@@ -489,7 +190,7 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     result.notes.extend(collected.problems)
     if strict and collected.problems:
         raise ModelOptimizationError("; ".join(collected.problems))
-    run = _Run(backend, work, ctx, result, call, LEVEL_TOLERANCE[level.value], strict)
+    run = Run(backend, work, ctx, result, call, LEVEL_TOLERANCE[level.value], strict)
     try:
         for plugin, p in collected.passes:
             run.run(plugin, p)
@@ -520,7 +221,3 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
             "and the process-wide settings were put back as they were") from exc
     attach_result(work, result)
     return result
-
-def _copy_state(state: dict[str, Any]) -> dict[str, Any]:
-    """ctx.state as it was before a pass: values one level deep (compile options)."""
-    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in state.items()}

@@ -25,6 +25,14 @@ LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_A
                "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_RUN_ID")
 
 # (arguments after `torchbridge launch`, what the one line must say)
+def _torchrun_has(option: str) -> bool:
+    from torch.distributed.run import get_args_parser
+
+    return any(option in action.option_strings for action in get_args_parser()._actions)
+
+
+_TORCHRUN_HAS_SIGNALS = _torchrun_has("--signals-to-handle")  # torch 2.10+, not 2.9
+
 MISTAKES: list[tuple[list[str], str]] = [
     # parsing
     (["--bogus", SCRIPT], "unrecognized arguments: --bogus"),
@@ -76,7 +84,8 @@ MISTAKES: list[tuple[list[str], str]] = [
     # torchrun's other options
     (["--redirects", "7", SCRIPT], "--redirects '7': expected 0-3"),
     (["--local-ranks-filter", "a,b", SCRIPT], "--local-ranks-filter 'a,b'"),
-    (["--signals-to-handle", "SIGNOPE", SCRIPT], "not signal names: 'SIGNOPE'"),
+    (["--signals-to-handle", "SIGNOPE", SCRIPT],
+     "not signal names: 'SIGNOPE'" if _TORCHRUN_HAS_SIGNALS else "unrecognized arguments"),
     (["--log-dir", SCRIPT, SCRIPT], "exists and is not a directory"),
     (["--event-log-handler", "nosuch", SCRIPT], "--event-log-handler 'nosuch': unknown"),
     # --backend: a TorchBridge backend, known, available, with a process-group backend

@@ -169,8 +169,11 @@ def _check_counts(args: argparse.Namespace, max_nodes: int) -> None:
     if not (math.isfinite(args.monitor_interval) and args.monitor_interval > 0):
         raise LaunchError(f"--monitor-interval {args.monitor_interval}: expected a positive "
                           "number of seconds")
-    if args.shutdown_timeout is not None and args.shutdown_timeout < 0:
-        raise LaunchError(f"--shutdown-timeout {args.shutdown_timeout}: expected 0 or more "
+    # torchrun's options differ between torch versions (2.9 has no --shutdown-timeout or
+    # --signals-to-handle): check those this torch has.
+    shutdown_timeout = getattr(args, "shutdown_timeout", None)
+    if shutdown_timeout is not None and shutdown_timeout < 0:
+        raise LaunchError(f"--shutdown-timeout {shutdown_timeout}: expected 0 or more "
                           "seconds")
     if not 0 <= args.node_rank < max_nodes:
         raise LaunchError(f"--node-rank {args.node_rank}: expected 0 to {max_nodes - 1} for "
@@ -252,8 +255,10 @@ def _check_rendezvous(args: argparse.Namespace, nodes: tuple[int, int]) -> None:
             raise LaunchError(f"--nnodes {args.nnodes}: the static rendezvous needs a fixed "
                               "node count; give --nnodes N, or --rdzv-backend c10d for a "
                               "range")
-        explicit = args.rdzv_endpoint or args.master_port is not None \
-            or args.master_addr not in _LOOPBACK
+        given = getattr(args, "given_options", None)
+        port_given = "--master-port" in given if given is not None \
+            else args.master_port is not None
+        explicit = args.rdzv_endpoint or port_given or args.master_addr not in _LOOPBACK
         if high > 1 and not explicit:
             raise LaunchError(f"--nnodes {args.nnodes} without a rendezvous endpoint: "
                               "torchrun would wait on this machine's loopback address for "
@@ -286,7 +291,8 @@ def _check_torchrun_options(args: argparse.Namespace) -> None:
     if args.log_dir is not None and os.path.exists(args.log_dir) \
             and not os.path.isdir(args.log_dir):
         raise LaunchError(f"--log-dir {args.log_dir!r} exists and is not a directory")
-    names = [name.strip() for name in args.signals_to_handle.split(",")]
+    signals = getattr(args, "signals_to_handle", None) or ""
+    names = [name.strip() for name in signals.split(",")] if signals else []
     bad = [name for name in names if name not in signal.Signals.__members__]
     if bad:
         raise LaunchError(f"--signals-to-handle {args.signals_to_handle!r}: not signal "
@@ -374,6 +380,12 @@ def launch(argv: Sequence[str]) -> None:
     from torch.distributed.run import run
 
     args = parser().parse_args(list(argv))
+    # Which options the user gave (torch 2.9 defaults --master-port to 29500, later ones to
+    # None: a default says nothing about where the nodes meet).
+    own = list(argv)[:list(argv).index(args.training_script)] \
+        if args.training_script in argv else list(argv)
+    args.given_options = {a.split("=", 1)[0].replace("_", "-") for a in own
+                          if a.startswith("--")}
     check(args)
     if args.backend:
         os.environ["TORCHBRIDGE_BACKEND"] = args.backend

@@ -151,3 +151,16 @@ def test_validate_with_a_module_function_from_the_working_directory(
     err = capsys.readouterr().err.strip()
     assert err.startswith("torchbridge validate: error: --model my_models:misfit: the "
                           "reference backend cpu failed") and "\n" not in err, err
+
+
+def test_version_flags_print_the_version_and_the_contract(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import torchbridge
+    from torchbridge.cli import main
+
+    for flag in ("--version", "-V"):
+        assert main([flag]) == 0
+        line = capsys.readouterr().out.strip()
+        assert line.startswith(f"torchbridge {torchbridge.__version__}")
+        contract = getattr(torchbridge, "CONTRACT_VERSION", None)
+        assert (f"plugin contract {contract}" in line) if contract else line.count(" ") == 1

@@ -21,6 +21,12 @@ class TestExampleBackendContract(BackendContract):
     answers for every device-level hook, and its own model."""
 
     backend_name = "example"
+    kernels_known_wrong = ("example_wrong_silu_mul",)  # the gate's example of a wrong kernel
+
+    def pattern_modules(self) -> list[nn.Module]:
+        from tb_example.kernels import ScaleShift
+
+        return [*super().pattern_modules(), ScaleShift(16)]
 
     def make_model(self) -> tuple[nn.Module, Any]:
         torch.manual_seed(0)
@@ -88,3 +94,50 @@ def test_contract_fails_a_backend_leaning_on_the_cpu_fallback(tmp_path: Path) ->
     assert outcomes["test_hooks_are_answered_by_the_plugin_or_a_named_fallback"
                     "[torchbridge_device_info]"] == "PASSED"
     assert outcomes["test_a_fallback_answer_says_so"] == "PASSED"
+
+
+BAD_KERNELS_TEST = '''
+import torch
+import torchbridge
+from torchbridge import KernelImplementation
+from torchbridge.testing import BackendContract
+
+def wrong_dtype(gate, up):
+    return (gate * torch.sigmoid(gate) * up).double()  # the dtype is wrong
+
+def wrong_above_64_rows(gate, up):
+    out = gate * torch.sigmoid(gate) * up
+    if out.shape[0] > 64:
+        out[64:] = 0
+    return out
+
+class Bad:
+    @torchbridge.hookimpl
+    def torchbridge_detect(self):
+        return torchbridge.Detection("bad", True, -30, "cpu", 1, "Bad", "bad",
+                                     fallbacks=("cpu",))
+
+    @torchbridge.hookimpl
+    def torchbridge_kernel_implementations(self, backend):
+        return [KernelImplementation("silu_mul", "KERNEL", KERNEL, backends=("bad",),
+                                     dtypes=(torch.float32,))]
+
+torchbridge.register_plugin(Bad(), name="bad")
+
+class TestBadContract(BackendContract):
+    backend_name = "bad"
+    levels = ("O0",)
+'''
+
+
+@pytest.mark.parametrize(("kernel", "said"), [("wrong_dtype", "wrong dtype: torch.float64"),
+                                              ("wrong_above_64_rows", "(130, 96)")])
+def test_contract_checks_kernels_in_their_dtype_and_above_64_rows(
+        tmp_path: Path, kernel: str, said: str) -> None:
+    test_file = tmp_path / "test_bad_kernels.py"
+    test_file.write_text(BAD_KERNELS_TEST.replace("KERNEL", kernel))
+    out = subprocess.run([sys.executable, "-m", "pytest", str(test_file), "-q",
+                          "-p", "no:cacheprovider", "-k", "kernels_match"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300).stdout
+    assert "1 failed" in out, out
+    assert said in out, out

@@ -89,12 +89,42 @@ def _doctor(args: argparse.Namespace) -> int:
     # The report lists every plugin error and warning itself; logging them too would print
     # each twice.
     logging.getLogger("torchbridge").setLevel(logging.ERROR)
+    if args.record is not None:
+        return _record(args.record)
     report = doctor.collect()
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
         print(doctor.render(report))
     return 0
+
+
+def _record(path: str) -> int:
+    """doctor --record FILE: what each plugin's probe sees here, as a recording."""
+    from torchbridge import recording
+
+    data = recording.capture()
+    recording.write(path, data)
+    found = recording.vendor_devices(data)
+    for entry in data["plugins"]:
+        answer = entry["probe"]
+        state = (f"{answer['device_count']} device(s)" if answer["available"]
+                 else f"none ({answer['reason']})")
+        print(f"{entry['plugin']:>8} ({entry['backend']}): {state}")
+    if not found:
+        print("no vendor device was found: the recording holds the cpu backend and each "
+              "plugin's reason")
+    print(f"recording written to {path}; check it, then see the README (Recordings) to "
+          "contribute it")
+    return 0
+
+
+def _version_line() -> str:
+    import torchbridge
+
+    line = f"torchbridge {torchbridge.__version__}"
+    contract = getattr(torchbridge, "CONTRACT_VERSION", None)
+    return f"{line} (plugin contract {contract})" if contract is not None else line
 
 
 def _check_plot_path(path: str) -> None:
@@ -317,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of an error")
+    parser.add_argument("-V", "--version", action="version", version=_version_line(),
+                        help="print the version (and the plugin contract's) and exit")
     # Also accepted after the subcommand; SUPPRESS keeps the subparser's default from
     # overwriting a --debug given before it.
     common = _Parser(add_help=False)
@@ -326,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", parents=[common],
                          help="versions, plugins, backends, config: for bug reports")
     doc.add_argument("--json", action="store_true", help="machine-readable output")
+    doc.add_argument("--record", metavar="FILE", help="write what each plugin's probe sees "
+                     "on this machine (device properties, capabilities, versions; nothing "
+                     "identifying beyond the device) as a recording the tests can replay")
     doc.set_defaults(func=_doctor)
     bench = sub.add_parser("bench", parents=[common],
                            help="prepare_model benchmark on the reference models")
@@ -375,6 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in words  # known before parsing, so parse errors honour it too
     prog = "torchbridge"
+    if words[:1] in (["-V"], ["--version"]):  # also in --help; answered before any parsing
+        print(_version_line())
+        return 0
     try:
         args = build_parser().parse_args(words)
         prog = f"torchbridge {args.command}"

@@ -11,6 +11,15 @@ on a recorded device, so the tests that need one skip and say so; everything els
 (identity, device info, memory figures, hooks, config, the unavailable path, device calls,
 and prepare_model's report at every level with the passes in `passes_needing_the_device`
 disabled).
+
+Kernels, ops and module patterns are covered too: every kernel implementation eligible on the
+backend matches its op's reference on `op_inputs` (several shapes, more than 64 rows) in
+each dtype it declares (`kernels_known_wrong` names those expected to differ); the ops
+plugins declare are registered as `torch.ops.torchbridge.<name>` with a reference; each
+module pattern whose op has an implementation for the backend builds, for a module it
+matches (`pattern_modules`), inputs its op accepts and a forward equal to the module's own.
+prepare_model also runs without a sample input, and `distributed_backend` must name a
+backend torch.distributed knows.
 """
 
 from __future__ import annotations
@@ -41,6 +50,76 @@ def _args(sample: Any) -> tuple[Any, ...]:
     return sample if isinstance(sample, tuple) else (sample,)
 
 
+def _relative_error(got: Any, expected: Any) -> tuple[float, str | None]:
+    """(max |got - expected| / max |expected| over the outputs, what differs in kind: the
+    structure, a shape or a dtype; None when they agree in kind)."""
+    gots = got if isinstance(got, (tuple, list)) else (got,)
+    exps = expected if isinstance(expected, (tuple, list)) else (expected,)
+    if len(gots) != len(exps):
+        return float("inf"), f"{len(gots)} outputs, the reference gives {len(exps)}"
+    worst = 0.0
+    for g, e in zip(gots, exps, strict=True):
+        if not isinstance(g, torch.Tensor) or not isinstance(e, torch.Tensor):
+            return float("inf"), f"returned {type(g).__name__}, expected a tensor"
+        if g.dtype != e.dtype:
+            return float("inf"), f"wrong dtype: {g.dtype}, the reference gives {e.dtype}"
+        if g.shape != e.shape:
+            return float("inf"), f"wrong shape: {tuple(g.shape)}, expected {tuple(e.shape)}"
+        scale = e.detach().abs().max().float().item() if e.numel() else 0.0
+        diff = (g.detach().float() - e.detach().float()).abs().max().item() if e.numel() else 0.0
+        error = diff / (scale or 1.0)
+        worst = max(worst, error if error == error else float("inf"))
+    return worst, None
+
+
+def _schema_inputs(op: str, dtype: torch.dtype, device: torch.device, rows: int, width: int
+                   ) -> tuple[Any, ...] | None:
+    """Inputs for an op the contract has no recipe for, from its schema: each tensor
+    (rows, width), an optional one None, other arguments their defaults; None when an
+    argument has no default and is not a tensor."""
+    from torchbridge.kernels.ops import arguments
+
+    out: list[Any] = []
+    for argument in arguments(op):
+        kind = str(argument.type)
+        if kind == "Tensor":
+            out.append(torch.randn(rows, width, dtype=dtype, device=device))
+        elif argument.has_default_value():
+            out.append(argument.default_value)
+        elif kind.startswith("Optional["):
+            out.append(None)
+        else:
+            return None
+    return tuple(out)
+
+
+def core_op_inputs(op: str, dtype: torch.dtype, device: torch.device
+                   ) -> list[tuple[Any, ...]] | None:
+    """Probe inputs of the core's ops: a small call and one with more than 64 rows and an
+    odd width; None for an op that is not the core's."""
+    def t(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, dtype=dtype, device=device)
+
+    out: list[tuple[Any, ...]] = []
+    for rows, width in ((4, 64), (130, 96)):
+        if op == "rms_norm":
+            out += [(t(rows, width) + 3.0, t(width), 1e-6), (t(2, rows, width), None, 1e-5)]
+        elif op == "add_rms_norm":
+            out.append((t(rows, width), t(rows, width), t(width), 1e-6))
+        elif op == "silu_mul":
+            out.append((t(rows, width), t(rows, width)))
+        elif op == "rotary_embedding":
+            out.append((t(2, 4, rows, width), t(rows, width), t(rows, width)))
+        elif op == "scaled_dot_product_attention":
+            q = (t(2, 4, rows, 32), t(2, 4, rows, 32), t(2, 4, rows, 32))
+            out += [(*q, None, False, None, False), (*q, None, True, None, False)]
+        elif op == "linear":
+            out.append((t(rows, width), t(48, width), t(48)))
+        else:
+            return None
+    return out
+
+
 def _answer(backend: torchbridge.Backend, hook: str) -> None:
     """Call the facade method behind `hook` so that backend.answered_by records it."""
     calls: dict[str, Callable[[], Any]] = {
@@ -68,6 +147,33 @@ class BackendContract:
     passes_needing_the_device: ClassVar[tuple[str, ...]] = ("device_placement", "compile")
     """On a recorded device, the passes prepare_model runs with disabled: they move tensors
     to the device or run the model there. Add yours if they do too."""
+
+    kernels_known_wrong: ClassVar[tuple[str, ...]] = ()
+    """Names of kernel implementations known to differ from their reference (kept to show
+    that the gate refuses them): the kernel test asserts that they do differ."""
+
+    def op_inputs(self, op: str, dtype: torch.dtype, device: torch.device
+                  ) -> list[tuple[Any, ...]]:
+        """Positional arguments to check implementations of `op` on: the core's ops have
+        recipes (`core_op_inputs`); another op gets, from its schema, tensors of (4, 64) and
+        (130, 96) (every tensor the same shape). Override for an op of yours whose tensors
+        differ in shape; [] leaves the op's kernels unchecked (the test says so)."""
+        core = core_op_inputs(op, dtype, device)
+        if core is not None:
+            return core
+        found = [_schema_inputs(op, dtype, device, rows, width)
+                 for rows, width in ((4, 64), (130, 96))]
+        return [args for args in found if args is not None]
+
+    def pattern_modules(self) -> list[nn.Module]:
+        """Modules for the module-pattern test to match patterns against: the submodules of
+        `make_model`'s model and a few stock ones (nn.RMSNorm, nn.MultiheadAttention).
+        Add a module of each kind your plugin's patterns recognise."""
+        model, _ = self.make_model()
+        stock: list[nn.Module] = [nn.MultiheadAttention(32, 4, batch_first=True).eval()]
+        if hasattr(nn, "RMSNorm"):
+            stock.append(nn.RMSNorm(64).eval())
+        return [*model.modules(), *stock]
 
     def record(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Replay the recorded device at your probe seam, patching with `monkeypatch` (so it
@@ -257,7 +363,11 @@ class BackendContract:
         if self.recorded is not None:  # what can be checked without tensors: the target
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # torch: "CUDA is not available. Disabling"
-                context = backend.autocast()
+                try:
+                    context = backend.autocast()
+                except RuntimeError as exc:  # a CUDA build asks the (absent) device
+                    pytest.skip(f"{self.recorded}: this torch checks the device when an "
+                                f"autocast context is made ({exc})")
             assert isinstance(context, torch.autocast)
             assert context.device == backend.device.type
             if dtype is not None:
@@ -363,3 +473,177 @@ class BackendContract:
     def test_prepare_model_rejects_non_modules(self, backend: torchbridge.Backend) -> None:
         with pytest.raises(torchbridge.ModelOptimizationError, match=r"nn\.Module"):
             backend.prepare_model(lambda x: x)  # type: ignore[arg-type]
+
+    # --- kernels, ops, module patterns -----------------------------------------------------
+
+    def test_declared_ops_are_registered_with_references(
+            self, backend: torchbridge.Backend) -> None:
+        """Each op a plugin declares (`torchbridge_ops`) is `torch.ops.torchbridge.<name>`
+        with a callable reference, and its implementations can name it."""
+        import torchbridge.kernels.ops as ops_module
+        from torchbridge.kernels import reference
+        from torchbridge.kernels.choice import known_ops
+        from torchbridge.plugins import get_plugin_host
+
+        known = known_ops()
+        declared = [(plugin, d) for plugin, definitions in get_plugin_host().call_each(
+            "torchbridge_ops") for d in definitions
+            if isinstance(d, ops_module.OpDefinition)]
+        for plugin, definition in declared:
+            name = definition.name
+            assert name in known, (f"op {name!r} declared by plugin {plugin} is not "
+                                   f"registered: see doctor for the plugin's error")
+            assert hasattr(getattr(torch.ops, ops_module.NAMESPACE), name), name
+            assert callable(reference(name))
+            assert ops_module.schema(name).startswith("(")
+        for op in known:
+            assert callable(reference(op)), op
+
+    def test_kernels_match_their_references(self, backend: torchbridge.Backend) -> None:
+        """Every implementation eligible on this backend, in each dtype it declares (none
+        declared: float32 and the backend's low-precision dtype), gives the reference's
+        dtype, shape and numbers (the kernel gate's tolerance) on `op_inputs`."""
+        from torchbridge.kernels import reference as op_reference
+        from torchbridge.kernels.choice import choose, known_ops
+        from torchbridge.kernels.implementations import TOLERANCES
+
+        self.needs_the_device("kernels run on the device")
+        info = backend.get_device_info()
+        supported = {getattr(torch, d) for d in info.supported_dtypes}
+        failures, unchecked, checked, known_wrong_ok = [], [], 0, set()
+        for op in known_ops():
+            for candidate in choose(op, backend, info=info).candidates:
+                impl = candidate.implementation
+                if candidate.reason is not None:
+                    continue  # not eligible here: doctor and `torchbridge kernels` say why
+                low = backend.low_precision_dtype(info)
+                dtypes = impl.dtypes or (torch.float32, *((low,) if low is not None else ()))
+                kernel = choose(op, backend, info=info).bound(candidate)
+                reference = op_reference(op)
+                label = f"{impl.name} (plugin {candidate.provider}) for {op}"
+                for dtype in (d for d in dtypes if d in supported):
+                    calls = self.op_inputs(op, dtype, backend.device)
+                    if not calls:
+                        unchecked.append(f"{label} in {dtype}")
+                    for args in calls:
+                        torch.manual_seed(0)
+                        with torch.no_grad():
+                            expected = reference(*args)
+                            try:
+                                got = kernel(*args)
+                            except Exception as exc:
+                                failures.append(f"{label} in {dtype} raised "
+                                                f"{type(exc).__name__}: {exc}")
+                                continue
+                        error, misfit = _relative_error(got, expected)
+                        checked += 1
+                        tol = TOLERANCES.get(dtype, 1e-4)
+                        if impl.name in self.kernels_known_wrong:
+                            if misfit or not error <= tol:
+                                known_wrong_ok.add(impl.name)
+                        elif misfit:
+                            failures.append(f"{label} in {dtype}: {misfit}")
+                        elif not error <= tol:
+                            shape = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+                            failures.append(f"{label} in {dtype} on {shape}: differs from "
+                                            f"the reference by {error:.3g} (tolerance {tol:g})")
+        missing = set(self.kernels_known_wrong) - known_wrong_ok
+        assert not missing, f"kernels_known_wrong {sorted(missing)} matched their reference"
+        assert not failures, "\n".join(failures)
+        if unchecked and not checked:
+            pytest.skip("no probe inputs for: " + "; ".join(unchecked) + " (override op_inputs)")
+
+    def test_module_patterns_build_inputs_their_op_accepts(
+            self, backend: torchbridge.Backend) -> None:
+        """Each module pattern whose op has an implementation for this backend: for a module
+        it matches (`pattern_modules`), `example_input` builds arguments the pattern's
+        forward passes to the op (torch.ops.torchbridge.<op>, which checks them against its
+        schema), and that forward computes what the module itself does."""
+        from torchbridge.kernels.choice import contributed
+        from torchbridge.optimize.kernel_patterns import ModulePattern
+        from torchbridge.plugins import get_plugin_host
+
+        patterns = [(plugin, p) for plugin, found in get_plugin_host().call_each(
+            "torchbridge_module_patterns", backend=backend) if isinstance(found, (list, tuple))
+            for p in found if isinstance(p, ModulePattern)]
+        relevant = [(plugin, p) for plugin, p in patterns if any(
+            impl.backends is None or backend.name in impl.backends
+            for _, impl in contributed(p.op, backend))]
+        if not relevant:
+            pytest.skip(f"no module pattern has an op with an implementation for {backend.name}")
+        modules = self.pattern_modules()
+        problems = []
+        for plugin, pattern in relevant:
+            op = getattr(torch.ops.torchbridge, pattern.op)
+            matched = [(m, f) for m in modules for f in [pattern.match(m)] if f is not None]
+            if not matched:
+                problems.append(f"pattern {pattern.name} (plugin {plugin}) matches none of "
+                                "pattern_modules(): add a module it recognises")
+                continue
+            module, facts = matched[0]
+            dtype = next((p.dtype for p in module.parameters()), torch.float32)
+            calls: list[tuple[Any, ...]] = []
+
+            def the_op(*args: Any, _calls: list[tuple[Any, ...]] = calls, _op: Any = op,
+                       **kwargs: Any) -> Any:
+                _calls.append(args)
+                return _op(*args, **kwargs)
+
+            try:
+                torch.manual_seed(0)
+                args = pattern.example_input(module, facts, dtype)
+                with torch.no_grad():
+                    out = pattern.forward(module, the_op, facts, *args)
+                    own = module(*args)
+            except Exception as exc:
+                problems.append(f"pattern {pattern.name} (plugin {plugin}): "
+                                f"{type(exc).__name__}: {exc}")
+                continue
+            if not calls:
+                problems.append(f"pattern {pattern.name}: its forward never called {pattern.op}")
+                continue
+            compare = pattern.compared or (lambda o: o)
+            error, misfit = _relative_error(compare(out), compare(own))
+            if misfit or not error <= 1e-4:
+                problems.append(f"pattern {pattern.name} (plugin {plugin}): its forward with "
+                                f"the op differs from the module's own: {misfit or error}")
+        assert not problems, "\n".join(problems)
+
+    # --- prepare_model without a sample input, distributed backend ------------------------
+
+    @pytest.mark.parametrize("level", ["O0", "O1", "O2", "O3"])
+    def test_prepare_model_without_a_sample_input(self, backend: torchbridge.Backend,
+                                                  level: str) -> None:
+        """What most users do: no sample input. The passes check themselves on synthetic
+        inputs; the prepared model then runs and matches the original."""
+        if level not in self.levels:
+            pytest.skip(f"{level} not claimed by this backend's contract run")
+        self.needs_the_device("the prepared model runs on the device (the recording's "
+                              "report without a sample input is test_prepare_model_matches_"
+                              "reference)")
+        model, x = self.make_model()
+        with torch.no_grad():
+            expected = model(*_args(x))
+        result = backend.optimize(model, level)
+        assert not result.failed, f"passes failed: {result.failed}"
+        with torch.no_grad():
+            got = result.model(*backend.to_device(_args(x))).float().cpu()
+        rel = ((got - expected).abs().max() / expected.abs().max()).item()
+        assert rel <= LEVEL_TOLERANCE[level], f"{level} without a sample input: drift {rel:.3g}"
+
+    def test_distributed_backend_is_known_to_torch(self, backend: torchbridge.Backend) -> None:
+        """`distributed_backend` names a backend torch.distributed has: built in
+        (dist.Backend.backend_list) or registered with dist.Backend.register_backend."""
+        import torch.distributed as dist
+
+        name = backend.distributed_backend
+        if name is None:
+            pytest.skip(f"{backend.name} names no distributed backend on this torch")
+        assert isinstance(name, str) and name
+        if not dist.is_available():
+            pytest.skip("this torch is built without torch.distributed")
+        known = [b for b in dist.Backend.backend_list if b != "undefined"]
+        assert name.lower() in known, (
+            f"{backend.name}'s distributed_backend {name!r} is not a torch.distributed "
+            f"backend (known: {', '.join(known)}); register it with "
+            "dist.Backend.register_backend before returning it")

@@ -257,7 +257,8 @@ def test_an_implementation_may_decline_a_call(reload_plugins: None, example: Any
                 declines=lambda x, w, e: None if x.shape[-1] >= 64 else "narrower than 64")]
 
     torchbridge.register_plugin(Picky(), name="picky")
-    kernel = example.get_kernel("rms_norm")
+    # Visibly wrong (+1) to show which ran: unchecked, or the first-use check drops it.
+    kernel = example.get_kernel("rms_norm").unchecked()
     assert kernel.implementation.name == "wide_only"
     narrow, wide = torch.randn(2, 16), torch.randn(2, 64)
     torch.testing.assert_close(kernel(narrow, None, 1e-6), REFERENCE_KERNELS["rms_norm"](narrow))

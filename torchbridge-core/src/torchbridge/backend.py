@@ -78,6 +78,11 @@ class Backend:
         with exclusive_step("creating a backend"):
             for _ in get_plugin_host().call_each("torchbridge_backend_created", backend=self):
                 pass
+        # The ops plugins declare exist as torch.ops.torchbridge.<op> once a backend does
+        # (not only after the first get_kernel).
+        from torchbridge.kernels import register_plugin_ops
+
+        register_plugin_ops()
         logger.info("backend %s selected (%d device(s), plugin %s)", status.name,
                     status.device_count, status.plugin)
 

@@ -17,6 +17,7 @@ import torch
 import torchbridge
 from torchbridge.backend import DEVICE_HOOKS, Backend, get_backend
 from torchbridge.config import TorchBridgeConfig, hardware_sections
+from torchbridge.kernels import overridden_ops
 from torchbridge.kernels.choice import choose, kernel_table, known_ops
 from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize.pipeline import collect_passes
@@ -131,6 +132,8 @@ def collect() -> dict[str, Any]:
         report["selected"] = {"error": "no backend selected: the config is invalid"}
     else:
         report["selected"] = _safely(lambda: _selected(config))
+    report["overridden_ops"] = _safely(lambda: [{"op": o, "what": w}
+                                                for o, w in overridden_ops()])
     # Last, so that every error the steps above recorded is in the report.
     records = _safely(plugin_records)
     if isinstance(records, list):
@@ -246,6 +249,11 @@ def render(report: dict[str, Any]) -> str:
     if "kernels" in report["selected"]:
         out += ["", "kernels (selected backend, eval mode):",
                 *render_kernels(report["selected"]["kernels"])]
+    overridden = report.get("overridden_ops")
+    if overridden:
+        out += ["", "ops overridden outside TorchBridge (torch.library):"]
+        out += ([f"  error: {overridden['error']}"] if isinstance(overridden, dict)
+                else [f"  {o['op']}: {o['what']}" for o in overridden])
     out += ["", "config:"]
     cfg = report["config"]
     if "error" in cfg:

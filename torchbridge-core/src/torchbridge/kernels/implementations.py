@@ -16,6 +16,7 @@ gradients are right whichever ran forward.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -26,6 +27,8 @@ import torch
 
 import torchbridge.kernels.ops as ops_module
 from torchbridge.errors import KernelError
+
+logger = logging.getLogger(__name__)
 
 # The numbers an implementation must match the reference to, per dtype, as
 # max |impl - reference| / max |reference| (one or two roundings apart at most).
@@ -246,19 +249,137 @@ def _qualified(text: str) -> str:
     return re.sub(r"[^0-9A-Za-z_]", "_", text)
 
 
+# --- comparing an implementation's outputs with the reference's ------------------------------
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def describe_tensors(values: Sequence[Any]) -> str:
+    """`bfloat16[2, 8, 64], float32[64], 1e-06`: a call's arguments, compactly."""
+    def one(v: Any) -> str:
+        if isinstance(v, torch.Tensor):
+            return f"{dtype_name(v.dtype)}{list(v.shape)}"
+        return f"{v!r:.30}"
+    return ", ".join(one(v) for v in values)
+
+
+def output_mismatch(candidate: Any, reference: Any) -> str | None:
+    """What differs in kind between an implementation's output and the reference's: the
+    number of outputs, a tensor's dtype or shape ("returns float32 where the reference
+    returns bfloat16"); None when only values may differ."""
+    cands = torch.utils._pytree.tree_leaves(candidate)
+    refs = torch.utils._pytree.tree_leaves(reference)
+    if len(cands) != len(refs):
+        return f"returns {len(cands)} output(s) where the reference returns {len(refs)}"
+    for i, (c, r) in enumerate(zip(cands, refs, strict=True)):
+        which = f" as output {i}" if len(refs) > 1 else ""
+        if not isinstance(r, torch.Tensor):
+            continue
+        if not isinstance(c, torch.Tensor):
+            return f"returns {type(c).__name__}{which} where the reference returns a tensor"
+        if c.dtype != r.dtype:
+            return (f"returns {dtype_name(c.dtype)}{which} where the reference returns "
+                    f"{dtype_name(r.dtype)}")
+        if c.shape != r.shape:
+            return (f"returns shape {list(c.shape)}{which} where the reference returns "
+                    f"{list(r.shape)}")
+    return None
+
+
+def relative_error(candidate: Any, reference: Any) -> float:
+    """max |candidate - reference| / max |reference| over every tensor output; inf when the
+    structure, shapes or dtypes differ (output_mismatch says how). Positions where the
+    reference is not finite must hold the same value (nan where nan, the same inf)."""
+    cands = torch.utils._pytree.tree_leaves(candidate)
+    refs = torch.utils._pytree.tree_leaves(reference)
+    if output_mismatch(candidate, reference) is not None:
+        return float("inf")
+    worst = 0.0
+    for c, r in zip(cands, refs, strict=True):
+        if not isinstance(r, torch.Tensor):
+            continue
+        if not r.is_floating_point():
+            worst = max(worst, 0.0 if torch.equal(c, r) else float("inf"))
+            continue
+        c, r = c.detach().float(), r.detach().float()
+        finite = torch.isfinite(r)
+        if not bool(finite.all()):
+            same = (c == r) | (torch.isnan(c) & torch.isnan(r))
+            if not bool(same[~finite].all()):
+                return float("inf")
+            c, r = c[finite], r[finite]
+            if not r.numel():
+                continue
+        scale = r.abs().max().item() or 1.0
+        diff = (c - r).abs().max().item() if r.numel() else 0.0
+        worst = max(worst, diff / scale if diff == diff else float("inf"))
+    return worst
+
+
+def tolerance_for(*values: Any) -> float:
+    """The loosest TOLERANCES entry among the floating dtypes of `values` (and of the
+    autocast dtype when autocast is on for their device)."""
+    dtypes = {t.dtype for t in torch.utils._pytree.tree_leaves(values)
+              if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    devices = {t.device.type for t in torch.utils._pytree.tree_leaves(values)
+               if isinstance(t, torch.Tensor)}
+    for device in devices:
+        try:
+            if torch.is_autocast_enabled(device):
+                dtypes.add(torch.get_autocast_dtype(device))
+        except (RuntimeError, TypeError):  # a device type autocast does not know
+            continue
+    return max((TOLERANCES.get(d, 1e-4) for d in dtypes), default=1e-4)
+
+
+def call_problem(output: Any, expected: Any, args: Sequence[Any]) -> str | None:
+    """Why `output` (an implementation's, on `args`) is not the reference's `expected`:
+    a wrong kind of output, named, or values beyond the tolerance; None: it matches."""
+    mismatch = output_mismatch(output, expected)
+    if mismatch is not None:
+        return f"{mismatch} (called with {describe_tensors(args)})"
+    tol = tolerance_for(args, expected)
+    error = relative_error(output, expected)
+    if not error <= tol:
+        return (f"differs from the reference by {error:.3g} (tolerance {tol:g}; called "
+                f"with {describe_tensors(args)})")
+    return None
+
+
+# How many distinct argument signatures (dtypes and shapes) a checked kernel compares on
+# before it trusts every call: the check costs one reference run per new signature.
+MAX_CHECKED_SIGNATURES = 16
+
+
 @dataclass
 class BoundKernel:
     """A callable for one op: the chosen implementation (through its wrapper op when it is
     not traceable) or the reference. `implementation` and `provider` say which; `reasons`
-    why the others were passed over (see choice.KernelChoice)."""
+    why the others were passed over (see choice.KernelChoice).
+
+    `checked` (what `torchbridge.get_kernel` returns): the implementation's first eager
+    call with each combination of argument dtypes and shapes (the first
+    MAX_CHECKED_SIGNATURES of them) also runs the reference on the same arguments; an
+    output of the wrong dtype, shape or number, or values beyond the tolerance, drops the
+    implementation for good (its plugin's error, a warning, the reason in `reasons`), and
+    this call and every later one run the reference. Calls under torch.compile are not
+    checked (they trace the implementation as it is). `unchecked()`
+    is the same kernel without the check."""
 
     op: str
     call: Callable[..., Any]
     implementation: KernelImplementation | None = None
     provider: str | None = None
     reasons: list[str] = field(default_factory=list)
+    checked: bool = False
+    checked_signatures: set[tuple[Any, ...]] = field(default_factory=set, repr=False)
+    refused: str | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.checked and self.implementation is not None and \
+                not torch.compiler.is_compiling():
+            return self._checked_call(args, kwargs)
         return self.call(*args, **kwargs)
 
     @property
@@ -266,6 +387,57 @@ class BoundKernel:
         if self.implementation is None:
             return "reference"
         return f"{self.implementation.name} (plugin {self.provider})"
+
+    def unchecked(self) -> BoundKernel:
+        """This kernel without the first-use check (e.g. for benchmarks)."""
+        return BoundKernel(self.op, self.call, self.implementation, self.provider,
+                           list(self.reasons))
+
+    def _checked_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        signature = tuple((a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor) else None
+                          for a in args) + \
+            tuple((k, v.dtype, tuple(v.shape)) for k, v in sorted(kwargs.items())
+                  if isinstance(v, torch.Tensor))
+        if signature in self.checked_signatures or \
+                len(self.checked_signatures) >= MAX_CHECKED_SIGNATURES:
+            return self.call(*args, **kwargs)
+        impl = self.implementation
+        assert impl is not None
+        definition = ops_module.definition(self.op)
+        assert definition is not None
+        bound = bind_arguments(self.op, args, kwargs)
+        if decline_reason(impl, bound) is not None:
+            return self.call(*args, **kwargs)  # the reference runs it: nothing to check
+        with torch.no_grad():
+            expected = definition.reference(*bound)
+        problem: str | None
+        try:
+            output = self.call(*args, **kwargs)
+        except Exception as exc:
+            problem = f"raised {type(exc).__name__}: {exc}"
+        else:
+            problem = call_problem(output, expected, bound)
+        if problem is None:
+            self.checked_signatures.add(signature)
+            return output
+        self._refuse(f"{self.label} failed its check against the reference on first use: "
+                     f"{problem}; the reference runs instead")
+        return definition.reference(*bound)
+
+    def _refuse(self, message: str) -> None:
+        from torchbridge.plugins import get_plugin_host
+
+        logger.warning("kernel for %s: %s", self.op, message)
+        if self.provider is not None:
+            get_plugin_host().record_hook_error(self.provider,
+                                                "torchbridge_kernel_implementations",
+                                                f"op {self.op}: {message}")
+        definition = ops_module.definition(self.op)
+        assert definition is not None
+        self.reasons.append(message)
+        self.refused = message
+        self.implementation, self.provider = None, None
+        self.call = definition.reference
 
 
 _lock = threading.Lock()

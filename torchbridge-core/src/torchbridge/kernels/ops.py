@@ -12,13 +12,26 @@ Python function. Plugins declare more ops through the `torchbridge_ops` hook.
 
 Custom ops live in torch's process-wide registry: an op is registered once per process and
 a second definition under the same name is refused (KernelError), never silently replaced.
+An op name is validated before torch sees it (`op_name_problem`): a Python identifier of
+ASCII letters, digits and single underscores, starting with a letter, that names nothing
+else in the `torch.ops.torchbridge` namespace (`name`, `__class__` ...) and is no keyword;
+double underscores are kept for the implementations' wrapper ops.
+
+Ops are registered once and then left to torch; code that replaces a registration behind
+their back (`torch.library.impl`, `Library("torchbridge", "IMPL").impl(...)`,
+`register_fake`, `register_autograd`, `register_kernel`, `register_autocast` on one of
+these ops) changes what every TorchBridge user of the op computes. `overridden_ops()` lists
+what changed since registration, for doctor.
 """
 
 from __future__ import annotations
 
+import keyword
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -173,6 +186,64 @@ _lock = threading.Lock()
 _registered: dict[str, OpDefinition] = {}
 
 
+@dataclass(frozen=True)
+class _Registration:
+    """What registering an op put in torch: its CustomOpDef, the fake and autograd functions
+    given to it, and the op's dispatcher table right after (for overridden_ops)."""
+
+    custom_op: Any
+    fake: Callable[..., Any]
+    setup_context: Callable[..., Any]
+    backward: Callable[..., Any]
+    table: frozenset[str]
+    kernels: tuple[tuple[Any, Any], ...]  # (device, function) as torch keeps them
+
+
+_registrations: dict[str, _Registration] = {}
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+MAX_NAME_LENGTH = 64
+
+
+def _namespace_attributes() -> set[str]:
+    """Names the torch.ops namespace object answers itself (not ops): `name`, `_dir`,
+    `__class__`, its methods ..."""
+    namespace = getattr(torch.ops, NAMESPACE)
+    own = {k for k, v in vars(namespace).items()
+           if not isinstance(v, torch._ops.OpOverloadPacket)}
+    return set(dir(type(namespace))) | own
+
+
+def op_name_problem(name: object) -> str | None:
+    """Why `name` cannot be an op name (None: it can). An op name is what follows
+    `torch.ops.torchbridge.`, and part of the names of its implementations' wrapper ops."""
+    if not isinstance(name, str):
+        return f"op name must be a string, got {type(name).__name__} {name!r:.40}"
+    if not name.isidentifier():
+        return f"op name {name!r} must be a Python identifier"
+    if not _NAME.fullmatch(name):
+        return (f"op name {name!r} must start with an ASCII letter and hold only ASCII "
+                "letters, digits and underscores")
+    if "__" in name:
+        return (f"op name {name!r} may not contain '__' (reserved for the wrapper ops of "
+                "implementations, <op>__<plugin>_<name>)")
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        return f"op name {name!r} is a Python keyword"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"op name {name[:20]!r}... is longer than {MAX_NAME_LENGTH} characters"
+    if name in _namespace_attributes():
+        return (f"op name {name!r} is taken by torch.ops.{NAMESPACE} itself (an attribute "
+                "of torch's op namespace, not an op)")
+    return None
+
+
+def _table(name: str) -> frozenset[str]:
+    """The op's dispatcher table, one line per registered kernel (`Key: registered at
+    where`), from torch's dispatcher dump."""
+    dump = torch._C._dispatch_dump(f"{NAMESPACE}::{name}")
+    return frozenset(line.strip() for line in dump.splitlines()
+                     if ": registered at " in line and not line.startswith("debug:"))
+
+
 def _schema_of(name: str) -> str:
     packet = getattr(getattr(torch.ops, NAMESPACE), name)
     schema = str(packet.default._schema)
@@ -184,8 +255,9 @@ def register_op(definition: OpDefinition) -> Any:
     return the op. The same definition again returns the existing op; another definition
     under a taken name is a KernelError."""
     name = definition.name
-    if not isinstance(name, str) or not name.isidentifier():
-        raise KernelError(f"op name must be a Python identifier, got {name!r}")
+    problem = op_name_problem(name)
+    if problem is not None:
+        raise KernelError(problem)
     if not callable(definition.reference):
         raise KernelError(f"op {name!r}: reference must be callable, got "
                           f"{definition.reference!r}")
@@ -208,7 +280,83 @@ def register_op(definition: OpDefinition) -> Any:
             raise KernelError(f"op {name!r} could not be registered with torch.library: "
                               f"{exc}") from exc
         _registered[name] = definition
+        _registrations[name] = _Registration(
+            op, definition.reference, setup_context, backward, _table(name),
+            tuple(getattr(op, "_backend_fns", {}).items()))
         return getattr(getattr(torch.ops, NAMESPACE), name)
+
+
+_TORCH_DIR = str(Path(torch.__file__).parent)
+
+
+def _function_label(fn: Any) -> str:
+    """module.qualname (file:line) of `fn`, or of the function torch wrapped in it."""
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:
+            continue
+        if callable(inner) and hasattr(inner, "__code__") and not str(
+                getattr(inner, "__module__", "")).startswith("torch"):
+            fn = inner
+            break
+    code = getattr(fn, "__code__", None)
+    where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}{where}"
+
+
+def overridden_ops() -> list[tuple[str, str]]:
+    """(op, what) for every registration of a TorchBridge op that was changed after the
+    op was registered, by code calling torch.library directly: a kernel added or replaced
+    for a dispatch key (`Library("torchbridge", "IMPL").impl`, `torch.library.impl` on the
+    dispatcher), a device kernel (`torch.library.register_kernel` / `impl`), its fake, its
+    autograd, an autocast, vmap or torch_dispatch rule. Empty: every op computes what its
+    definition says. For doctor; cheap (no op runs)."""
+    found: list[tuple[str, str]] = []
+    with _lock:
+        registrations = list(_registrations.items())
+    for name, reg in registrations:
+        custom = reg.custom_op
+        before = len(found)
+        original = dict(reg.kernels)
+        for device, fn in sorted(getattr(custom, "_backend_fns", {}).items(),
+                                 key=lambda item: str(item[0])):
+            if device in original and original[device] is fn:
+                continue
+            where = "every device" if device is None else f"device {device!r}"
+            found.append((name, f"its kernel for {where} was replaced by "
+                                f"{_function_label(fn)} (torch.library.impl / "
+                                "register_kernel)"))
+        if getattr(custom, "_abstract_fn", reg.fake) is not reg.fake:
+            found.append((name, f"its fake (meta) implementation was replaced by "
+                                f"{_function_label(custom._abstract_fn)} (register_fake)"))
+        if getattr(custom, "_backward_fn", reg.backward) is not reg.backward or \
+                getattr(custom, "_setup_context_fn", reg.setup_context) is not \
+                reg.setup_context:
+            found.append((name, f"its autograd was replaced by "
+                                f"{_function_label(custom._backward_fn)} (register_autograd)"))
+        for device, dtype in sorted(getattr(custom, "_autocast_dtype", {}).items()):
+            found.append((name, f"an autocast rule casts its inputs to {dtype} on {device} "
+                                "(register_autocast)"))
+        if getattr(custom, "_vmap_fn", None) is not None:
+            found.append((name, "a vmap rule was registered (register_vmap)"))
+        for kind in getattr(custom, "_torch_dispatch_fns", {}):
+            found.append((name, f"a torch_dispatch rule for {getattr(kind, '__name__', kind)}"
+                                " was registered (register_torch_dispatch)"))
+        try:
+            table = _table(name)
+        except RuntimeError:
+            continue
+        for line in sorted(table - reg.table):
+            key, _, where = line.partition(": registered at ")
+            if len(found) > before and where.startswith(_TORCH_DIR):
+                continue  # torch's own entry for a rule reported above
+            where = where.split(" :: ")[0]
+            how = "through torch.library.impl" if where.startswith(_TORCH_DIR) else \
+                f"at {where} (torch.library Library.impl)"
+            found.append((name, f"a {key.split('[')[0]} kernel was registered {how}, "
+                                "taking over the op's own for that dispatch key"))
+    return found
 
 
 def definition(name: str) -> OpDefinition | None:

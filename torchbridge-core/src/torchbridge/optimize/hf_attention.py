@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchbridge.optimize.kernel_patterns import ModulePattern, module_device
+from torchbridge.optimize.kernel_patterns import LARGER_ROWS, ModulePattern, module_device
 
 _INTERFACE = "ALL_ATTENTION_FUNCTIONS"
 _ROUTE = "_torchbridge_attention_route"  # per-call kernel for the checks, on the module
@@ -273,31 +273,39 @@ def _replay(module: nn.Module, facts: dict[str, Any], args: tuple[Any, ...],
             {k: None if _is_cache(v) else v for k, v in kwargs.items()})
 
 
-def _example_input(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype
-                   ) -> tuple[Any, ...]:
+def _example_input(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype,
+                   batch: int = 2, length: int = 8) -> tuple[Any, ...]:
     """Hidden states (batch 2, sequence 8, hidden), no mask, rotary cos/sin where the
     forward takes position embeddings, defaults between them."""
     device = module_device(module)
-    hidden = torch.randn(2, 8, facts["hidden"], dtype=dtype, device=device)
+    hidden = torch.randn(batch, length, facts["hidden"], dtype=dtype, device=device)
     if facts["parameters"] is None:
         raise TypeError(f"{type(module).__name__}.forward needs arguments a synthetic "
                         "call cannot give")
     args: list[Any] = [hidden]
     for name, default in facts["parameters"]:
-        args.append(_rotary(module, facts, dtype, device) if name == "position_embeddings"
-                    else default)
+        args.append(_rotary(module, facts, dtype, device, batch, length)
+                    if name == "position_embeddings" else default)
     return tuple(args)
 
 
+def _larger_input(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype
+                  ) -> tuple[Any, ...]:
+    """The gate's second probe: one sequence of LARGER_ROWS tokens."""
+    return _example_input(module, facts, dtype, 1, LARGER_ROWS)
+
+
 def _rotary(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype,
-            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (2, 8, rotary width) of Hugging Face's rotate_half convention."""
+            device: torch.device, batch: int = 2, length: int = 8
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (batch, length, rotary width) of Hugging Face's rotate_half
+    convention."""
     config = module.__dict__.get("config")
     width = getattr(module, "rotary_ndims", None) or getattr(module, "head_dim", None) or \
         facts["hidden"] // int(getattr(config, "num_attention_heads", 1))
-    angles = torch.arange(8, device=device, dtype=torch.float32)[:, None] * \
+    angles = torch.arange(length, device=device, dtype=torch.float32)[:, None] * \
         torch.logspace(0, -4, width // 2 or 1, base=math.e, device=device)
-    angles = torch.cat((angles, angles), dim=-1)[None].expand(2, -1, -1)
+    angles = torch.cat((angles, angles), dim=-1)[None].expand(batch, -1, -1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
@@ -310,4 +318,4 @@ HF_ATTENTION = ModulePattern(
     "hf_attention", "scaled_dot_product_attention", _match, _forward, _example_input,
     "Hugging Face transformers attention modules whose config uses 'sdpa' or 'eager' "
     "(calls outside the op's contract run transformers' own function)", _misfit,
-    _replay, _attention_output)
+    _replay, _attention_output, _larger_input)

@@ -25,6 +25,46 @@ def hidden_input(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype
     return (torch.randn(2, 8, facts["hidden"], dtype=dtype, device=module_device(module)),)
 
 
+# The gate's second shape: more rows than a 64- or 128-row tile, an odd (prime) count, so
+# that a kernel wrong past its first tile or on a ragged edge shows it; one batch keeps the
+# cost of the probe at about one short sequence.
+LARGER_ROWS = 131
+
+
+def larger_hidden_input(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype
+                        ) -> tuple[Any, ...]:
+    """(batch 1, sequence LARGER_ROWS, facts["hidden"]) in `dtype`: the gate's second,
+    larger and odd-sized synthetic input."""
+    return (torch.randn(1, LARGER_ROWS, facts["hidden"], dtype=dtype,
+                        device=module_device(module)),)
+
+
+def grown_input(args: tuple[Any, ...], rows: int = LARGER_ROWS) -> tuple[Any, ...]:
+    """A synthetic input like `args` with at least `rows` rows and an odd leading size:
+    every tensor whose leading size is the first tensor's grows along it (fresh random
+    values for floating tensors, repeats for the others); other arguments stay. For
+    patterns without `larger_input`; the gate skips the probe if the pattern cannot run
+    it."""
+    first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2), None)
+    if first is None:
+        return args
+    lead = first.shape[0]
+    per_lead = max(1, first.numel() // max(1, first.shape[-1]) // max(1, lead))
+    size = max(lead + 1, -(-rows // per_lead))
+    size += 1 - size % 2  # odd
+
+    def grow(a: Any) -> Any:
+        if not isinstance(a, torch.Tensor) or a.dim() < 1 or a.shape[0] != lead:
+            return a
+        shape = (size, *a.shape[1:])
+        if a.is_floating_point():
+            return torch.randn(shape, dtype=a.dtype, device=a.device)
+        repeats = -(-size // lead)
+        return a.repeat(repeats, *([1] * (a.dim() - 1)))[:size].clone()
+
+    return tuple(grow(a) for a in args)
+
+
 @dataclass(frozen=True)
 class ModulePattern:
     """A kind of module the substitution pass can make call op `op`.
@@ -35,6 +75,10 @@ class ModulePattern:
         `kernel(...)` with the op's arguments.
     example_input(module, facts, dtype) -> args: a small synthetic input of the module's
         width, for models prepared without a sample input.
+    larger_input(module, facts, dtype) -> args: a second synthetic input, with more rows
+        than a kernel's first tile and odd sizes (see larger_hidden_input); without a
+        sample input the gate checks implementations on both. None: example_input's
+        tensors grown along their leading dimension (grown_input).
     misfit(module, facts, *args, **kwargs) -> reason | None: why a call (the captured
         one) would not reach the op (the forward then runs the module's own code); such a
         module is kept.
@@ -53,6 +97,8 @@ class ModulePattern:
     misfit: Callable[..., str | None] | None = None
     replay: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]] | None = None
     compared: Callable[[Any], Any] | None = None
+    larger_input: Callable[[nn.Module, dict[str, Any], torch.dtype], tuple[Any, ...]] | None \
+        = None
 
 
 # --- rms_norm --------------------------------------------------------------------------
@@ -111,7 +157,7 @@ def _rms_norm_forward(module: nn.Module, kernel: Callable[..., Any], facts: dict
 
 RMS_NORM = ModulePattern("rms_norm", "rms_norm", _rms_norm_match, _rms_norm_forward,
                          hidden_input, "nn.RMSNorm and Hugging Face-style RMSNorm "
-                         "(a weight and an epsilon)")
+                         "(a weight and an epsilon)", larger_input=larger_hidden_input)
 
 
 # --- SwiGLU MLP --------------------------------------------------------------------------
@@ -151,7 +197,8 @@ def _swiglu_forward(module: nn.Module, kernel: Callable[..., Any], facts: dict[s
 
 SWIGLU = ModulePattern("swiglu_mlp", "silu_mul", _swiglu_match, _swiglu_forward,
                        hidden_input, "MLPs computing down(silu(gate(x)) * up(x)) "
-                       "(gate_proj/up_proj/down_proj, w1/w3/w2)")
+                       "(gate_proj/up_proj/down_proj, w1/w3/w2)",
+                       larger_input=larger_hidden_input)
 
 # --- attention: nn.MultiheadAttention -----------------------------------------------------
 
@@ -223,17 +270,23 @@ def _mha_forward(module: nn.Module, kernel: Callable[..., Any], facts: dict[str,
     return (out if module.batch_first else out.transpose(0, 1)), None
 
 
-def _mha_input(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype
-               ) -> tuple[Any, ...]:
-    (x,) = hidden_input(module, facts, dtype)
+def _mha_input(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype,
+               make: Callable[..., tuple[Any, ...]] = hidden_input) -> tuple[Any, ...]:
+    (x,) = make(module, facts, dtype)
     if not getattr(module, "batch_first", False):
         x = x.transpose(0, 1)
     return (x, x, x, None, False)  # need_weights=False: what a transformer layer passes
 
 
+def _mha_larger_input(module: nn.Module, facts: dict[str, Any], dtype: torch.dtype
+                      ) -> tuple[Any, ...]:
+    return _mha_input(module, facts, dtype, larger_hidden_input)
+
+
 MULTIHEAD_ATTENTION = ModulePattern(
     "multihead_attention", "scaled_dot_product_attention", _mha_match, _mha_forward,
     _mha_input, "nn.MultiheadAttention called without asking for attention weights (as "
-    "nn.TransformerEncoderLayer and DecoderLayer call it)", _mha_misfit)
+    "nn.TransformerEncoderLayer and DecoderLayer call it)", _mha_misfit,
+    larger_input=_mha_larger_input)
 
 BUILTIN_PATTERNS = (RMS_NORM, SWIGLU, MULTIHEAD_ATTENTION)

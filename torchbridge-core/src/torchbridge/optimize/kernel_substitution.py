@@ -11,11 +11,17 @@ and says how its forward calls the op. For each module that matches:
    input shifted off zero mean (which tells LayerNorm from RMSNorm at any width);
    otherwise the module is not what the pattern thinks and stays as it is.
 3. The correctness gate: each eligible implementation, in preference order, runs on the
-   same inputs; it must take the call (not decline it), match the reference within the
+   same inputs; it must take the call (not decline it), return what the reference returns
+   for every call of the op (number of outputs, dtypes, shapes: a wrong one is named,
+   "returns float32 where the reference returns bfloat16"), match the reference within the
    tolerance, match its gradients when the model trains, and with `measure=True` not be
-   slower than the module. The first that passes is used; a refusal is reported with its
-   figure. Verdicts are shared between modules whose call to the op is the same (shapes,
-   dtypes and scalar arguments): thirty identical layers are one check.
+   slower than the module. Without a sample input it is also probed where the level runs:
+   in the autocast dtype when the model computes under autocast (O2+), and on a second,
+   larger synthetic input (`ModulePattern.larger_input`: more rows than a kernel's first
+   tile, odd sizes); a probe call the implementation declines is left to the reference,
+   as it would be at run time. The first that passes is used; a refusal is reported with
+   its figure. Verdicts are shared between modules whose call to the op is the same
+   (shapes, dtypes and scalar arguments): thirty identical layers are one check.
 4. The module's class becomes a subclass of its own whose forward calls the
    implementation: the module object, its parameters (tied ones stay tied), state_dict
    keys, attributes and hooks are kept; isinstance still holds. Pickled, it comes back as
@@ -39,17 +45,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchbridge.kernels.choice import Candidate, KernelChoice, choose
+from torchbridge.kernels.choice import Candidate, KernelChoice, choose, known_ops
 from torchbridge.kernels.implementations import (
     TOLERANCES,
     BoundKernel,
     bind,
     bind_arguments,
     decline_reason,
+    describe_tensors,
+    dtype_name,
     first_floating_dtype,
+    output_mismatch,
+    relative_error,
 )
 from torchbridge.optimize.hf_attention import HF_ATTENTION
-from torchbridge.optimize.kernel_patterns import BUILTIN_PATTERNS, ModulePattern
+from torchbridge.optimize.kernel_patterns import BUILTIN_PATTERNS, ModulePattern, grown_input
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 from torchbridge.plugins import get_plugin_host
 
@@ -110,26 +120,7 @@ def substitute(module: nn.Module, pattern: ModulePattern, kernel: BoundKernel,
 
 # --- checking numbers --------------------------------------------------------------------
 
-def relative_error(candidate: Any, reference: Any) -> float:
-    """max |candidate - reference| / max |reference| over every tensor output; inf when the
-    structure, shapes or dtypes differ."""
-    cands, refs = torch.utils._pytree.tree_leaves(candidate), torch.utils._pytree.tree_leaves(
-        reference)
-    if len(cands) != len(refs):
-        return float("inf")
-    worst = 0.0
-    for c, r in zip(cands, refs, strict=True):
-        if not isinstance(r, torch.Tensor):
-            continue
-        if not isinstance(c, torch.Tensor) or c.shape != r.shape or c.dtype != r.dtype:
-            return float("inf")
-        if not r.is_floating_point():
-            worst = max(worst, 0.0 if torch.equal(c, r) else float("inf"))
-            continue
-        scale = r.detach().abs().max().float().item() or 1.0
-        diff = (c.detach().float() - r.detach().float()).abs().max().item()
-        worst = max(worst, diff / scale if diff == diff else float("inf"))
-    return worst
+__all__ = ["relative_error", "output_mismatch", "kernel_substitution_pass"]
 
 
 def _tolerance(dtype: torch.dtype, ctx: PassContext) -> float:
@@ -190,6 +181,46 @@ class _Recorder:
         return self.kernel(*args, **kwargs)
 
 
+class _Watched:
+    """Wraps an implementation's kernel to compare the kind of each output (number of
+    outputs, dtypes, shapes) with the reference's on the same arguments: a kernel whose
+    output the module casts (a down projection under autocast) still has it named."""
+
+    def __init__(self, kernel: BoundKernel, reference: BoundKernel) -> None:
+        self.kernel, self.reference = kernel, reference
+        self.mismatch: str | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.kernel(*args, **kwargs)
+        if self.mismatch is None:
+            with torch.no_grad():
+                expected = self.reference(*args, **kwargs)
+            problem = output_mismatch(out, expected)
+            if problem is not None:
+                bound = bind_arguments(self.kernel.op, args, kwargs)
+                self.mismatch = f"{problem} (called with {describe_tensors(bound)})"
+        return out
+
+
+@dataclass
+class _Probe:
+    """One input the gate checks an implementation on: the module's arguments, its output
+    through the reference (None: computed when needed), and how the verdict names it."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    reference_out: Any = None
+    label: str = ""
+    ran: bool = True  # whether reference_out is known
+
+
+def _probe_label(args: tuple[Any, ...]) -> str:
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if first is None:
+        return " on a synthetic input"
+    return f" on a synthetic {dtype_name(first.dtype)}{list(first.shape)} input"
+
+
 @dataclass
 class _Gate:
     """Checks candidates on one model's modules, sharing verdicts between identical calls."""
@@ -246,7 +277,11 @@ class _Gate:
 
     def check(self, module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
               candidate: Candidate, args: tuple[Any, ...], reference_out: Any,
-              kwargs: dict[str, Any] | None = None) -> _Verdict:
+              kwargs: dict[str, Any] | None = None,
+              more: Callable[[], list[_Probe]] | None = None) -> _Verdict:
+        """The verdict on `candidate` for this module's call (`args`, `kwargs`, whose
+        output through the reference is `reference_out`) and the probes `more()` makes
+        (computed only when the verdict is not known yet)."""
         kwargs = kwargs or {}
         recorder = _Recorder(bind(None, None, pattern.op))
         with torch.no_grad():
@@ -256,28 +291,67 @@ class _Gate:
                self.ctx.training, _signature(args, kwargs), _signature(op_call))
         known = self.verdicts.get(key)
         if known is None:
-            known = self.verdicts[key] = self._check(module, pattern, facts, candidate, args,
-                                                     reference_out, op_call, kwargs)
+            probes = [_Probe(args, kwargs, reference_out)] + (more() if more else [])
+            known = self.verdicts[key] = self._check(module, pattern, facts, candidate,
+                                                     probes, op_call)
         return known
 
+    def _reference_run(self, module: nn.Module, pattern: ModulePattern,
+                       facts: dict[str, Any], probe: _Probe) -> tuple[Any, ...] | None:
+        """Fill in `probe.reference_out`; returns the op's arguments in that run (None: the
+        pattern cannot run this probe, which is then skipped)."""
+        recorder = _Recorder(bind(None, None, pattern.op))
+        try:
+            with torch.no_grad():
+                probe.reference_out = self.run(pattern.forward, module, recorder, facts,
+                                               *probe.args, **probe.kwargs)
+        except Exception as exc:
+            logger.debug("gate probe%s skipped: %s", probe.label, exc)
+            return None
+        probe.ran = True
+        return recorder.calls[0] if recorder.calls else ()
+
     def _check(self, module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
-               candidate: Candidate, args: tuple[Any, ...], reference_out: Any,
-               op_call: tuple[Any, ...], kwargs: dict[str, Any]) -> _Verdict:
+               candidate: Candidate, probes: list[_Probe], op_call: tuple[Any, ...]
+               ) -> _Verdict:
         impl = candidate.implementation
         declined = decline_reason(impl, op_call) if op_call else None
         if declined is not None:
             return _Verdict(False, f"declines this module's call: {declined}")
         kernel = bind(impl, candidate.provider, pattern.op)
         reference = bind(None, None, pattern.op)
+        args, kwargs = probes[0].args, probes[0].kwargs
         dtype = first_floating_dtype(args) or torch.float32
         tol = _tolerance(dtype, self.ctx)
+        checked, label, first_error = 0, "", 0.0
         try:
-            with torch.no_grad():
-                out = self.run(pattern.forward, module, kernel, facts, *args, **kwargs)
-            error = relative_error(_compared(pattern, out), _compared(pattern, reference_out))
-            if not error <= tol:
-                return _Verdict(False, f"differs from the reference by {error:.3g} "
-                                       f"(tolerance {tol:g} in {dtype})")
+            for probe in probes:
+                label = probe.label
+                if not probe.ran:
+                    call = self._reference_run(module, pattern, facts, probe)
+                    if call is None or (call and decline_reason(impl, call) is not None):
+                        continue  # the reference runs such calls at run time too
+                probe_dtype = first_floating_dtype(probe.args) or torch.float32
+                probe_tol = _tolerance(probe_dtype, self.ctx)
+                watched = _Watched(kernel, reference)
+                with torch.no_grad():
+                    out = self.run(pattern.forward, module, watched, facts, *probe.args,
+                                   **probe.kwargs)
+                if watched.mismatch is not None:
+                    return _Verdict(False, watched.mismatch + probe.label)
+                ours, theirs = _compared(pattern, probe.reference_out), _compared(pattern, out)
+                mismatch = output_mismatch(theirs, ours)
+                if mismatch is not None:
+                    return _Verdict(False, f"the module's output {mismatch}{probe.label}")
+                error = relative_error(theirs, ours)
+                if not error <= probe_tol:
+                    return _Verdict(False, f"differs from the reference by {error:.3g} "
+                                           f"(tolerance {probe_tol:g} in {probe_dtype})"
+                                           f"{probe.label}")
+                checked += 1
+                if probe is probes[0]:
+                    first_error = error
+            error, label = first_error, ""
             if self.ctx.training:
                 theirs = self.run(_gradients, lambda *a: _compared(pattern, pattern.forward(
                     module, kernel, facts, *a, **kwargs)), args, module, 0)
@@ -297,8 +371,9 @@ class _Gate:
                 return _Verdict(True, f"max rel error {error:.2g}, {slow / fast:.2f}x the "
                                       "module's own code")
         except Exception as exc:
-            return _Verdict(False, f"raised {type(exc).__name__}: {exc}")
-        return _Verdict(True, f"max rel error {error:.2g}")
+            return _Verdict(False, f"raised {type(exc).__name__}: {exc}{label}")
+        inputs = f" ({checked} inputs checked)" if checked > 1 else ""
+        return _Verdict(True, f"max rel error {error:.2g}{inputs}")
 
     def formula_error(self, module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
                       args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
@@ -448,6 +523,37 @@ def _takes_keywords(pattern: ModulePattern) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
+def _synthetic_probes(module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
+                      dtype: torch.dtype, ctx: PassContext) -> list[_Probe]:
+    """Without a sample input, the inputs the gate checks an implementation on besides the
+    first synthetic one: the same shape in the autocast dtype when the model computes
+    under autocast (what a module after a projection receives), and a larger, odd-sized
+    input (pattern.larger_input, else the first one grown) in each of those dtypes. At
+    most three, each about one short sequence of the module's width."""
+    dtypes = [dtype]
+    autocast: torch.dtype | None = ctx.state.get("autocast_dtype")
+    if autocast is not None and autocast != dtype and dtype.is_floating_point:
+        dtypes.append(autocast)
+    probes: list[_Probe] = []
+
+    def larger(probe_dtype: torch.dtype) -> tuple[Any, ...]:
+        if pattern.larger_input is not None:
+            return pattern.larger_input(module, facts, probe_dtype)
+        return grown_input(pattern.example_input(module, facts, probe_dtype))
+
+    for i, probe_dtype in enumerate(dtypes):
+        makers = [larger] if not i else [
+            lambda d: pattern.example_input(module, facts, d), larger]
+        for make in makers:
+            try:
+                args = make(probe_dtype)
+            except Exception as exc:  # the pattern's code: this probe is skipped
+                logger.debug("gate probe for %s skipped: %s", pattern.name, exc)
+                continue
+            probes.append(_Probe(args, {}, label=_probe_label(args), ran=False))
+    return probes
+
+
 def _parameter_dtype(module: nn.Module) -> torch.dtype:
     # The ops have no autocast rule: a norm on a float32 residual stream runs in float32
     # under autocast too. The gate runs under the model's autocast all the same.
@@ -508,9 +614,14 @@ def _substitute_with(model: nn.Module, ctx: PassContext, gate: _Gate) -> nn.Modu
                 pattern.op, ctx.backend, dtype=dtype, training=ctx.training,
                 info=ctx.device_info)
         rejected = choice.reasons()
+        def more(module: nn.Module = module, pattern: ModulePattern = pattern,
+                 facts: dict[str, Any] = facts, dtype: torch.dtype = dtype,
+                 synthetic: bool = call is None) -> list[_Probe]:
+            return _synthetic_probes(module, pattern, facts, dtype, ctx) if synthetic else []
+
         for candidate in choice.eligible:
             verdict = gate.check(module, pattern, facts, candidate, args, reference_out,
-                                 kwargs)
+                                 kwargs, more)
             label = f"{candidate.implementation.name} (plugin {candidate.provider})"
             if not verdict.ok:
                 rejected.append(f"{label}: {verdict.detail}")
@@ -528,6 +639,7 @@ def _substitute_with(model: nn.Module, ctx: PassContext, gate: _Gate) -> nn.Modu
 
 
 def _check(model: nn.Module, ctx: PassContext) -> str | None:
+    known_ops()  # the ops plugins declare exist from here on, whatever the verdict
     if not ctx.config.kernel.enabled:
         return "config kernel.enabled is False"
     if not ctx.config.kernel.substitute:

@@ -34,6 +34,8 @@ GATE = "TB_MISBEHAVING_PLUGINS"
 DIST = "torchbridge-misbehaving-plugins"
 TWIN_DIST = "torchbridge-misbehaving-twin"
 TWIN_MAIN, TWIN_OTHER = f"twin[{DIST}]", f"twin[{TWIN_DIST}]"
+CPU_SHADOW = f"cpu[{DIST}]"  # the entry point named "cpu", registered under this name
+DETECT_TIMEOUT_S = "2"  # the detection deadline with the gate open (mb_detect_hang hangs)
 CLI = Path(sys.executable).parent / "torchbridge"
 DOCTOR_LIMIT_S = 30
 
@@ -70,6 +72,13 @@ EXPECTED = {
     "mb_badinfo": ("error", "in torchbridge_device_info: RuntimeError: badinfo: cannot "
                             "describe cpu:0"),
     "mb_kernel": ("error", "in torchbridge_kernel: returned 42, which is not callable"),
+    "mb_detect_hang": ("error", "in torchbridge_detect: timed out after"),
+    "mb_device_sick": ("error", "in torchbridge_device_info: RuntimeError: sick: cpu:0 does "
+                                "not answer"),
+    "mb_detect_many": ("error", "in torchbridge_detect: manycore: claims"),
+    "mb_contract_old": ("incompatible", "written for plugin contract >=1,<3, but this "
+                                        "torchbridge-core implements contract 3."),
+    CPU_SHADOW: ("failed", "entry point name 'cpu' is the built-in plugin's"),
 }
 # Well-formed as far as doctor can tell: lax's section only misbehaves with bad values, and
 # slowness is shown as such ("slow discovery"), not as an error.
@@ -111,6 +120,7 @@ def misbehaving() -> Iterator[None]:
         for var in [v for v in os.environ if v.startswith("TORCHBRIDGE_")]:
             mp.delenv(var)
         mp.setenv(GATE, "1")
+        mp.setenv("TORCHBRIDGE_DETECT_TIMEOUT", DETECT_TIMEOUT_S)
         _purge_modules()  # imported while inert: they would stay inert
         torchbridge.reload_plugins()
         yield
@@ -158,8 +168,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHBRIDGE_")
             and k != GATE}
     commands = {
-        "text": ([str(CLI), "doctor"], {**base, GATE: "1"}),
-        "json": ([str(CLI), "doctor", "--json"], {**base, GATE: "1"}),
+        "text": ([str(CLI), "doctor"], {**base, GATE: "1",
+                                        "TORCHBRIDGE_DETECT_TIMEOUT": DETECT_TIMEOUT_S}),
+        "json": ([str(CLI), "doctor", "--json"], {**base, GATE: "1",
+                                                  "TORCHBRIDGE_DETECT_TIMEOUT": DETECT_TIMEOUT_S}),
         "inert": ([sys.executable, "-c", INERT_SCRIPT], base),
     }
     started = time.perf_counter()
@@ -199,7 +211,7 @@ def test_every_failure_class_has_an_expectation() -> None:
     declared = {ep.name for ep in metadata.distribution(DIST).entry_points}
     declared |= {ep.name for ep in metadata.distribution(TWIN_DIST).entry_points}
     expected = {*EXPECTED, *QUIET_IN_DOCTOR}
-    expected = {"twin" if name.startswith("twin[") else name for name in expected}
+    expected = {name.split("[")[0] for name in expected}
     assert declared == expected
 
 
@@ -210,6 +222,10 @@ def test_inert_without_the_gate(runs: dict[str, dict[str, Any]]) -> None:
     assert report["active"] == [False, False]
     assert len(report["records"]) == len(EXPECTED) + len(QUIET_IN_DOCTOR)
     for record in report["records"]:
+        if record["name"] == CPU_SHADOW:  # the name is the problem: not gated
+            assert record["status"] == "failed" and record["module"] == \
+                "tb_misbehaving.cpu_shadow", record
+            continue
         assert record["status"] == "loaded", record
         assert messages(record) == [], record
         if record["name"].startswith("twin["):  # the name clash is not gated: it is the name
@@ -276,9 +292,13 @@ def test_doctor_json_records(runs: dict[str, dict[str, Any]]) -> None:
     assert backends["badinfo"]["available"] is True
     assert backends["cpu"]["available"] is True and backends["cpu"]["plugin"] == "cpu"
     offered = {b["name"] for b in report["backends"]}
-    assert not offered & {"mb_priority_str", "mb_priority_none", "mb_available_str",
-                          "mb_zero_devices", "mb_warpdrive", "mb_fake_cuda", "mb_reentrant",
-                          "mb_typo"}
+    assert not offered & {"mb_reentrant", "mb_typo", "mb_hang", "contract_old"}
+    for name in ("mb_priority_str", "mb_priority_none", "mb_available_str", "mb_zero_devices",
+                 "mb_warpdrive", "mb_fake_cuda", "manycore"):  # rejected, shown by name
+        assert backends[name]["available"] is False, backends[name]
+        assert "its Detection was rejected: " in backends[name]["reason"], backends[name]
+    assert next(b for b in report["backends"] if b["available"])["name"] == "sick"
+    assert backends["sick"]["plugin"] == "mb_device_sick"
     assert "twin_one" in offered and "twin_two" in offered
     assert report["config"]["values"]["hardware"]["lax"] == {"batch_hint": 8, "label": "lax"}
     assert "hijacked" not in report["config"]["values"]["hardware"]["cpu"]
@@ -372,7 +392,18 @@ def test_malformed_detection_is_rejected(malformed_discovery: dict[str, Any], in
     detection = detect_malformed.malformed()[index]
     assert problem in (detection_problem(detection, "mb_detect_malformed", False) or "")
     found = malformed_discovery
-    assert name not in found
+    if name is None:
+        assert None not in found
+    else:  # reported by name, unavailable, with the reason
+        assert not found[name].available and found[name].plugin == "mb_detect_malformed"
+        reason = found[name].reason or ""
+        assert reason.startswith("plugin mb_detect_malformed reported it, but its Detection "
+                                 "was rejected: "), reason
+        assert problem.removeprefix(f"{name}: ") in reason
+        with pytest.raises(torchbridge.BackendUnavailableError,
+                           match=f"backend '{name}' is unavailable: plugin mb_detect_malformed "
+                                 "reported it, but its Detection was rejected"):
+            torchbridge.get_backend(name)
     assert found["cpu"].available and torchbridge.detect_best_backend() == "cpu"
     record = records()["mb_detect_malformed"]
     assert record.status == "error"
@@ -659,3 +690,101 @@ def test_duplicate_entry_point_names_across_distributions(misbehaving: None) -> 
         status = statuses()[backend]
         assert (status.plugin, status.available) == (name, False)
         assert status.reason and status.reason.startswith(f"{backend}: ")
+
+
+# -- contract v3: deadlines, health, device counts, the cpu name, contract ranges -----------
+def test_hanging_detection_times_out_once_per_process(
+        misbehaving: None, reload_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHBRIDGE_DETECT_TIMEOUT", "0.5")
+    started = time.perf_counter()
+    found = statuses()  # mb_detect_hang timed out under the module's deadline, or now
+    cpu = torchbridge.get_backend("cpu")
+    assert cpu.name == "cpu" and torchbridge.detect_best_backend() == "cpu"
+    record = records()["mb_detect_hang"]
+    assert record.status == "error" and record.detect_timed_out
+    assert any(m.startswith("in torchbridge_detect: timed out after ") and
+               "not asked again in this process" in m for m in messages(record))
+    assert "mb_hang" not in found
+    for _ in range(3):  # a rescan, and a reload of the plugins, never wait again
+        torchbridge.reload_plugins()
+        again = time.perf_counter()
+        torchbridge.list_backends(rescan=True)
+        assert time.perf_counter() - again < 1.5
+        assert records()["mb_detect_hang"].detect_timed_out
+    assert time.perf_counter() - started < 20
+
+
+def test_device_hooks_failing_pass_the_backend_over(misbehaving: None) -> None:
+    torchbridge.list_backends(rescan=True)
+    assert next(s for s in torchbridge.list_backends() if s.available).name == "sick"
+    assert torchbridge.detect_best_backend() == "cpu"
+    assert torchbridge.get_backend().name == "cpu"
+    sick = statuses()["sick"]
+    assert sick.available and sick.health is not None
+    assert sick.health.startswith("its device hooks failed: DeviceError: no plugin answered "
+                                  "torchbridge_device_info for cpu:0 of backend 'sick'")
+    assert "RuntimeError: sick: cpu:0 does not answer" in sick.health
+    assert torchbridge.get_backend("sick").name == "sick"  # asked by name, it still comes
+    assert records()["mb_device_sick"].status == "error"
+
+
+def test_device_count_beyond_the_host_is_rejected(misbehaving: None) -> None:
+    from tb_misbehaving.detect_many import DEVICES
+
+    manycore = statuses()["manycore"]
+    assert not manycore.available
+    assert f"claims {DEVICES} cpu-hosted device(s), but this host has" in (
+        manycore.reason or "") or "no host has more than 64" in (manycore.reason or "")
+    assert torchbridge.detect_best_backend() == "cpu"
+    with pytest.raises(torchbridge.BackendUnavailableError, match=r"manycore.*rejected"):
+        torchbridge.get_backend("manycore")
+
+
+@pytest.mark.parametrize("disable", [None, "cpu", "cpu,example"])
+def test_entry_point_named_cpu_cannot_replace_the_builtin(
+        misbehaving: None, reload_plugins: None, monkeypatch: pytest.MonkeyPatch,
+        disable: str | None) -> None:
+    if disable:
+        monkeypatch.setenv("TORCHBRIDGE_DISABLE_PLUGINS", disable)
+    torchbridge.reload_plugins()
+    found = records()
+    assert found["cpu"].group == "builtin" and found["cpu"].status == "builtin"
+    shadow = found[CPU_SHADOW]
+    assert shadow.status == "failed" and "is the built-in plugin's" in (shadow.error or "")
+    assert "tb_misbehaving.cpu_shadow" not in sys.modules  # never imported
+    cpu = statuses()["cpu"]
+    assert (cpu.available, cpu.plugin, cpu.device_count) == (True, "cpu", 1)
+    assert torchbridge.get_backend("cpu").get_device_info().backend == "cpu"
+    assert torchbridge.detect_best_backend() == "cpu"
+
+
+def test_incompatible_contract_is_reported_not_run(misbehaving: None) -> None:
+    record = records()["mb_contract_old"]
+    assert (record.status, record.contract) == ("incompatible", ">=1,<3")
+    assert "contract_old" not in statuses()
+    host = torchbridge.plugins.get_plugin_host()
+    assert host.pm.get_plugin("mb_contract_old") is None  # never registered
+    assert torchbridge.detect_best_backend() == "cpu"
+    with pytest.raises(torchbridge.BackendUnavailableError,
+                       match="plugin mb_contract_old is incompatible: written for plugin "
+                             "contract >=1,<3"):
+        torchbridge.get_backend("mb_contract_old")
+
+
+def test_disabled_plugin_is_reported_by_name(
+        misbehaving: None, reload_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    torchbridge.list_backends(rescan=True)
+    assert statuses()["twin_one"].plugin == TWIN_MAIN
+    monkeypatch.setenv("TORCHBRIDGE_DISABLE_PLUGINS", "example_backend,twin,mb_detect_exit")
+    torchbridge.reload_plugins()
+    with pytest.raises(torchbridge.BackendUnavailableError,
+                       match="backend 'example' is unavailable: plugin example_backend is "
+                             "disabled by TORCHBRIDGE_DISABLE_PLUGINS"):
+        torchbridge.get_backend("example")
+    with pytest.raises(torchbridge.BackendUnavailableError,  # named after its plugin
+                       match="backend 'mb_detect_exit' is unavailable: plugin mb_detect_exit "
+                             "is disabled by TORCHBRIDGE_DISABLE_PLUGINS"):
+        torchbridge.get_backend("mb_detect_exit")
+    twin = statuses()["twin_one"]  # reported earlier in this process, by a plugin now off
+    assert not twin.available and "is disabled by TORCHBRIDGE_DISABLE_PLUGINS" in (
+        twin.reason or "")

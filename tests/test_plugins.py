@@ -105,14 +105,16 @@ def test_plugins_written_against_the_first_hookspec_keep_working(reload_plugins:
         def torchbridge_kernel(self, op: str, backend_name: str) -> object:
             if backend_name != "oldstyle":
                 return None
-            return lambda gate, up: torch.full_like(gate, 7.0)  # the op's arguments
+            # the op's arguments; right, as get_kernel checks it against the reference
+            return lambda gate, up: torch.nn.functional.silu(gate) * up
 
     torchbridge.register_plugin(OldStyle(), name="oldstyle")
     backend = torchbridge.get_backend("oldstyle")
     assert backend.get_device_info().name == "Old"
     kernel = torchbridge.get_kernel("silu_mul", backend)
     assert kernel.provider == "oldstyle"  # a plain callable: inference only, one opaque op
-    assert torch.equal(kernel(torch.ones(2), torch.ones(2)), torch.full((2,), 7.0))
+    ones = torch.ones(2)
+    assert torch.equal(kernel(ones, ones), torch.nn.functional.silu(ones))
 
 
 def test_broken_plugins_are_reported_and_the_host_keeps_working() -> None:
@@ -217,9 +219,19 @@ class Npu:
             declare_device_type("acmenpu")
         return torchbridge.Detection("acme", True, 50, "acmenpu", 1, "Acme", fallbacks=())
 
+    @torchbridge.hookimpl
+    def torchbridge_device_info(self, backend_name, device):
+        if backend_name == "acme":  # selection asks before choosing it
+            return torchbridge.DeviceInfo("Acme NPU", "acme", None, None, None, ["float32"])
+
+    @torchbridge.hookimpl
+    def torchbridge_memory_stats(self, backend_name, device):
+        if backend_name == "acme":
+            return torchbridge.MemoryStats(device=str(device))
+
 torchbridge.register_plugin(Npu(False), name="undeclared")
 status = {s.name: s for s in torchbridge.list_backends()}
-print("undeclared offered:", "acme" in status)
+print("undeclared offered:", "acme" in status and status["acme"].available)
 print("error:", torchbridge.plugins.get_plugin_host().records["undeclared"].error)
 torchbridge.unregister_plugin("undeclared")
 torchbridge.register_plugin(Npu(True), name="declared")

@@ -74,6 +74,9 @@ MI300X_NODE = (None, "6.2.41133", True, 8)
 
 def fake_torch_runtime(monkeypatch: pytest.MonkeyPatch, cuda: str | None, hip: str | None,
                        available: bool, count: int) -> None:
+    """Detection as on that machine. Only detection: its device hooks have nothing to answer
+    with, so selection's health check is told they answered (see test_health_check_*)."""
+    monkeypatch.setattr("torchbridge.selection.health_problem", lambda status: None)
     monkeypatch.setattr(torch.version, "cuda", cuda)
     monkeypatch.setattr(torch.version, "hip", hip)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
@@ -108,6 +111,7 @@ def test_xpu_detected_below_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     from torchbridge import devices
 
     monkeypatch.setattr(intel, "probe", lambda: torchbridge.types.ProbeResult(True, 2, None))
+    monkeypatch.setattr("torchbridge.selection.health_problem", lambda status: None)
     real_count = devices.runtime_device_count
     monkeypatch.setattr(devices, "runtime_device_count",  # torch sees the two XPUs
                         lambda kind: 2 if kind == "xpu" else real_count(kind))
@@ -135,3 +139,26 @@ def test_tpu_indicated_without_torch_xla(monkeypatch: pytest.MonkeyPatch) -> Non
     torchbridge.list_backends(rescan=True)
     reason = statuses()["tpu"].reason or ""
     assert "PJRT_DEVICE=TPU" in reason and "torch_xla is not installed" in reason
+
+
+def test_health_check_passes_over_a_detection_whose_device_hooks_fail(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H100 node's detection without its device properties: cuda is detected, but its
+    device hooks cannot describe device 0, so selection passes it over for cpu and says why."""
+    fake_torch_runtime(monkeypatch, *H100_NODE)
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.version, "cuda", H100_NODE[0])
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    torchbridge.list_backends(rescan=True)
+    assert statuses()["cuda"].available and statuses()["cuda"].health is None  # not asked yet
+    assert torchbridge.detect_best_backend() == "cpu"
+    assert torchbridge.get_backend().name == "cpu"
+    cuda = statuses()["cuda"]
+    assert cuda.available and cuda.health is not None
+    assert cuda.health.startswith("its device hooks failed: DeviceError: no plugin answered "
+                                  "torchbridge_device_info for cuda:0 of backend 'cuda'")
+    assert statuses()["cpu"].health is None  # the last resort is not asked
+    torchbridge.list_backends(rescan=True)  # a rescan asks again
+    assert statuses()["cuda"].health is None

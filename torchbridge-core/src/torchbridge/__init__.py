@@ -32,9 +32,20 @@ from torchbridge.hookspecs import hookimpl, hookspec
 from torchbridge.levels import OptimizationLevel
 from torchbridge.types import BackendStatus, Detection, DeviceInfo, MemoryStats
 
-__version__ = "0.1.0"
+# The version of the plugin contract (hookspecs, Detection and the other records plugins
+# build or receive, the rules the host enforces on them), semantic: MAJOR changes when a
+# behaviour a plugin may rely on changes or goes (always after a release of the previous
+# major that warns about it with a DeprecationWarning naming the plugin and what to change);
+# MINOR when something is added that old plugins need not know about (a new optional hook,
+# field or fallback); PATCH for fixes that change no documented behaviour. A plugin declares
+# the range it was written for in its module: TORCHBRIDGE_CONTRACT = ">=3,<4".
+CONTRACT_VERSION = "3.0.0"
+# The version of torchbridge-core itself comes from its installed metadata (pyproject.toml
+# is the one place it is written), read on first access of torchbridge.__version__.
+_SOURCE_VERSION = "0.2.0"  # only when the distribution's metadata cannot be read
 
 if TYPE_CHECKING:
+    __version__: str
     from torchbridge.backend import Backend, get_backend, get_kernel
     from torchbridge.checkpoint import load_checkpoint, save_checkpoint
     from torchbridge.compatibility import (
@@ -80,7 +91,19 @@ _LAZY = {
 }
 
 
+def _installed_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("torchbridge-core")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return _SOURCE_VERSION
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        version = globals()["__version__"] = _installed_version()
+        return version
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'torchbridge' has no attribute {name!r}")
@@ -92,7 +115,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Backend", "BackendStatus", "BackendUnavailableError", "CheckpointError",
+    "CONTRACT_VERSION", "Backend", "BackendStatus", "BackendUnavailableError", "CheckpointError",
     "ConfigSection", "ConfigurationError", "Detection", "HardwareDetector", "UnifiedValidator",
     "DeviceError", "DeviceInfo", "DistributedError", "KernelCompilationError", "KernelError",
     "KernelImplementation", "KernelLaunchError", "ModulePattern", "OpDefinition", "MemoryStats",

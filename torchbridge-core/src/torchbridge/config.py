@@ -49,7 +49,8 @@ else:  # pragma: no cover - exercised only on 3.10
 ENV_PREFIX = "TORCHBRIDGE_"
 CONFIG_FILE_ENV = "TORCHBRIDGE_CONFIG_FILE"
 # Read by the plugin loader, not config fields.
-RESERVED_ENV = {"TORCHBRIDGE_PLUGINS", "TORCHBRIDGE_DISABLE_PLUGINS", CONFIG_FILE_ENV}
+RESERVED_ENV = {"TORCHBRIDGE_PLUGINS", "TORCHBRIDGE_DISABLE_PLUGINS", CONFIG_FILE_ENV,
+                "TORCHBRIDGE_DETECT_TIMEOUT"}
 _PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
                       "half": "float16", "float": "float32"}
 

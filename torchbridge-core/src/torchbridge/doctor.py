@@ -132,6 +132,10 @@ def collect() -> dict[str, Any]:
         report["selected"] = {"error": "no backend selected: the config is invalid"}
     else:
         report["selected"] = _safely(lambda: _selected(config))
+    # Selection asked the best backends' device hooks: their health is known now.
+    refreshed = _safely(list_backends)
+    if isinstance(refreshed, list):
+        report["backends"] = [s.to_dict() for s in refreshed]
     report["overridden_ops"] = _safely(lambda: [{"op": o, "what": w}
                                                 for o, w in overridden_ops()])
     # Last, so that every error the steps above recorded is in the report.
@@ -236,6 +240,8 @@ def render(report: dict[str, Any]) -> str:
         line = f"  {b['name']:<8} priority {b['priority']:>4}  {state}"
         if b["reason"]:
             line += f": {b['reason']}"
+        if b.get("health") not in (None, "ok"):
+            line += f"; passed over by selection: {b['health']}"
         out.append(line)
     contributions = report.get("contributions", {})
     out += ["", "plugin contributions:"]

@@ -7,6 +7,14 @@ is logged, recorded with its error for `torchbridge doctor`, and skipped: the ho
 working. A plugin that calls back into torchbridge while the host is loading it, or while the
 same step is running (discovery, config sections), gets a PluginError instead of a deadlock
 or an endless recursion.
+
+The contract a plugin is written against is versioned: `torchbridge.CONTRACT_VERSION`, a
+semantic version. A plugin module may declare the range it was written for,
+`TORCHBRIDGE_CONTRACT = ">=3,<4"`; outside it the plugin is reported "incompatible" and not
+registered. A behaviour a plugin may rely on changes only in a new major version, after a
+release of the old major version that warns about it (`deprecated`). The names of the
+built-in plugins (cpu, generic, triton) belong to the core: an entry point using one is
+reported and never loaded.
 """
 
 from __future__ import annotations
@@ -14,7 +22,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,7 +33,7 @@ from typing import Any
 
 import pluggy
 
-from torchbridge import hookspecs
+from torchbridge import CONTRACT_VERSION, hookspecs
 from torchbridge.errors import PluginError
 
 logger = logging.getLogger(__name__)
@@ -31,6 +41,7 @@ logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUPS = ("torchbridge.backends", "torchbridge.plugins")
 ALLOW_ENV = "TORCHBRIDGE_PLUGINS"
 BLOCK_ENV = "TORCHBRIDGE_DISABLE_PLUGINS"
+CONTRACT_ATTRIBUTE = "TORCHBRIDGE_CONTRACT"  # module attribute: the contract range declared
 # Loaded first, always (allow/block lists do not apply), in this order: pluggy calls trylast
 # implementations in registration order, so generic, the last resort, comes after cpu.
 MAX_ERRORS = 20  # distinct errors kept per plugin: a plugin failing in a loop stays readable
@@ -41,9 +52,12 @@ BUILTIN_PLUGINS = {"cpu": "torchbridge.builtin.cpu.plugin",
 
 @dataclass
 class PluginRecord:
-    """One plugin as doctor shows it. status: builtin, loaded, failed, disabled or error
-    (loaded, then raised or misbehaved in a hook). `name` is the name it is registered
-    under: the entry point's name, or `name[distribution]` when two distributions use it."""
+    """One plugin as doctor shows it. status: builtin, loaded, failed, disabled,
+    incompatible (declares a TORCHBRIDGE_CONTRACT range this core is outside of; not
+    registered) or error (loaded, then raised or misbehaved in a hook, or its detection
+    timed out). `name` is the name it is registered under: the entry point's name, or
+    `name[distribution]` when two distributions use it or it is a built-in plugin's name.
+    `contract` is the TORCHBRIDGE_CONTRACT range it declared, if any."""
 
     name: str
     group: str
@@ -55,6 +69,8 @@ class PluginRecord:
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     detect_seconds: float | None = None
+    contract: str | None = None
+    detect_timed_out: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "warnings": list(self.warnings), "errors": list(self.errors)}
@@ -75,6 +91,72 @@ def _env_names(var: str) -> set[str] | None:
     if raw is None:
         return None
     return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+# -- the contract version -------------------------------------------------------------------
+_CLAUSE = re.compile(r"\s*(>=|<=|==|!=|>|<|~=)\s*(\d+(?:\.\d+){0,2})(\.\*)?\s*")
+_Version = tuple[int, int, int]
+
+
+def parse_version(text: str) -> _Version:
+    """"3", "3.1" or "3.1.2" as (3, 0, 0), (3, 1, 0), (3, 1, 2); ValueError otherwise."""
+    parts = text.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isascii() and p.isdigit() for p in parts):
+        raise ValueError(f"{text!r} is not a version such as 3, 3.1 or 3.1.2")
+    numbers = [int(p) for p in parts] + [0, 0]
+    return numbers[0], numbers[1], numbers[2]
+
+
+def contract_problem(spec: object, version: str = CONTRACT_VERSION) -> str | None:
+    """None when contract `version` satisfies `spec`, a comma-separated list of clauses
+    such as ">=3,<4", ">=3.1", "==3.*", "~=3.1" (PEP 440 operators on X[.Y[.Z]] versions,
+    missing parts are 0); else why not. A spec that cannot be read raises ValueError."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"{CONTRACT_ATTRIBUTE} must be a version range such as \">=3,<4\", "
+                         f"got {spec!r}")
+    have = parse_version(version)
+    for clause in spec.split(","):
+        match = _CLAUSE.fullmatch(clause)
+        if match is None:
+            raise ValueError(f"{CONTRACT_ATTRIBUTE} {spec!r}: cannot read {clause.strip()!r}; "
+                             "expected clauses such as >=3 and <4, separated by commas")
+        op, text, star = match.groups()
+        if star and op not in ("==", "!="):
+            raise ValueError(f"{CONTRACT_ATTRIBUTE} {spec!r}: '.*' goes with == or != only")
+        want = parse_version(text)
+        if star:
+            size = len(text.split("."))
+            ok = (have[:size] == want[:size]) == (op == "==")
+        elif op == "~=":
+            size = len(text.split("."))
+            if size < 2:
+                raise ValueError(f"{CONTRACT_ATTRIBUTE} {spec!r}: ~= needs X.Y")
+            ok = have >= want and have[:size - 1] == want[:size - 1]
+        else:
+            ok = {">=": have >= want, "<=": have <= want, ">": have > want, "<": have < want,
+                  "==": have == want, "!=": have != want}[op]
+        if not ok:
+            return (f"written for plugin contract {spec.strip()}, but this torchbridge-core "
+                    f"implements contract {version}")
+    return None
+
+
+def deprecated(plugin: str | None, what: str, change: str, *, removed_in: str | None = None,
+               stacklevel: int = 2) -> str:
+    """Warn that `plugin` relies on `what`, which changes or goes in contract `removed_in`
+    (default: the next major version), and say what to `change`. A DeprecationWarning
+    (once per call site, as Python shows them), and a warning on the plugin's record for
+    doctor. Every change of a behaviour a plugin may rely on is announced this way for at
+    least one release before it happens. Returns the message."""
+    until = removed_in or f"{parse_version(CONTRACT_VERSION)[0] + 1}.0.0"
+    message = (f"plugin {plugin or '?'}: {what}; this is deprecated and changes in plugin "
+               f"contract {until} (this core implements {CONTRACT_VERSION}): {change}")
+    warnings.warn(message, DeprecationWarning, stacklevel=stacklevel + 1)
+    host = _host
+    record = host.records.get(plugin) if host is not None and plugin is not None else None
+    if record is not None:
+        record.warn(message.removeprefix(f"plugin {plugin}: "))
+    return message
 
 
 _local = threading.local()
@@ -131,21 +213,28 @@ class PluginHost:
     def _load_entry_point(self, ep: metadata.EntryPoint, group: str, allow: set[str] | None,
                           block: set[str], clashing: list[str]) -> None:
         dist, version = _distribution(ep)
-        name = f"{ep.name}[{dist}]" if clashing else ep.name
+        builtin = ep.name in BUILTIN_PLUGINS
+        name = f"{ep.name}[{dist or ep.value}]" if clashing or builtin else ep.name
+        duplicate = name in self.records
+        if duplicate:  # declared twice: the first keeps its record
+            name = f"{name}[{group}]"
         record = PluginRecord(name, group, "loaded", dist, version, module=ep.value)
-        if clashing:
+        if clashing and not builtin:
             record.warn(f"entry point name {ep.name!r} is also used by "
                         f"{', '.join(clashing)}; registered as {name!r}")
-        if name in self.records:
+        if builtin:  # never imported: it could neither replace nor remove the built-in
             record.status = "failed"
-            record.error = (f"{name!r} is taken by the built-in plugin" if name in
-                            BUILTIN_PLUGINS else f"entry point {name!r} is declared twice")
+            record.error = (f"entry point name {ep.name!r} is the built-in plugin's; an entry "
+                            "point cannot replace it (rename the entry point)")
+        elif duplicate:
+            record.status = "failed"
+            record.error = f"entry point {ep.name!r} is declared twice"
         elif ep.name in block or (allow is not None and ep.name not in allow):
             record.status = "disabled"
             record.error = f"disabled by {BLOCK_ENV if ep.name in block else ALLOW_ENV}"
         else:
             try:
-                self._register(ep.load(), name)
+                plugin = ep.load()
             except BaseException as exc:  # a broken plugin must not break the host
                 if is_fatal(exc):
                     raise
@@ -153,7 +242,31 @@ class PluginHost:
                                describe(exc))
                 record.status, record.error = "failed", f"at import: {describe(exc)}"
                 record.errors.append(record.error)
+            else:
+                self._register_checked(plugin, record)
         self.records[name] = record
+
+    def _register_checked(self, plugin: object, record: PluginRecord) -> None:
+        """Register an imported plugin unless it declares a contract range this core is
+        outside of (status "incompatible": reported, never called)."""
+        spec = getattr(plugin, CONTRACT_ATTRIBUTE, None)
+        if spec is not None:
+            record.contract = spec if isinstance(spec, str) else repr(spec)
+            try:
+                problem = contract_problem(spec)
+            except ValueError as exc:
+                record.status, record.error = "failed", f"at import: {exc}"
+                record.errors.append(record.error)
+                return
+            if problem is not None:
+                logger.warning("plugin %s is incompatible: %s", record.name, problem)
+                record.status = "incompatible"
+                record.error = (f"{problem}; not loaded (install a release of "
+                                f"{record.distribution or 'the plugin'} written for contract "
+                                f"{CONTRACT_VERSION}, or a torchbridge-core its range allows)")
+                record.errors.append(record.error)
+                return
+        self._register(plugin, record.name)
 
     def _register(self, plugin: object, name: str) -> None:
         self.pm.register(plugin, name=name)
@@ -222,6 +335,52 @@ class PluginHost:
             return False, self.record_hook_error(impl.plugin_name, hook_name, problem)
         return True, result
 
+    def call_one_within(self, impl: pluggy.HookImpl, hook_name: str, kwargs: dict[str, Any],
+                        timeout: float | None,
+                        check: Callable[[Any], str | None] | None = None) -> tuple[bool, Any]:
+        """call_one under a deadline of `timeout` seconds (None: no deadline, on this
+        thread). The hook runs in a daemon thread; past the deadline it is left running,
+        recorded as this plugin's error, and never waited for again in this process (a
+        rescan, or a reload of the plugins, answers at once with the same error)."""
+        if timeout is None:
+            return self.call_one(impl, hook_name, kwargs, check)
+        key = _hook_key(impl, hook_name)
+        record = self.records.get(impl.plugin_name)
+        if key in _timed_out:
+            if record is not None:
+                record.detect_timed_out = True
+            return False, self.record_hook_error(impl.plugin_name, hook_name,
+                                                 _timeout_message(_timed_out[key]))
+        outcome: list[tuple[bool, Any]] = []
+        steps: set[str] = getattr(_local, "steps", set())
+
+        def run() -> None:
+            _local.steps = steps  # re-entering discovery from the hook is still refused
+            try:
+                outcome.append((True, impl.function(*(kwargs[arg] for arg in impl.argnames))))
+            except BaseException as exc:  # reported on the calling thread
+                outcome.append((False, exc))
+
+        thread = threading.Thread(target=run, daemon=True,
+                                  name=f"torchbridge {hook_name} {impl.plugin_name}")
+        thread.start()
+        thread.join(timeout)
+        if not outcome:  # still running: left behind, a daemon thread
+            _timed_out[key] = timeout
+            if record is not None:
+                record.detect_timed_out = True
+            return False, self.record_hook_error(impl.plugin_name, hook_name,
+                                                 _timeout_message(timeout))
+        ok, result = outcome[0]
+        if not ok:
+            if is_fatal(result):
+                raise result
+            return False, self.record_hook_error(impl.plugin_name, hook_name, result)
+        problem = check(result) if check is not None and result is not None else None
+        if problem is not None:
+            return False, self.record_hook_error(impl.plugin_name, hook_name, problem)
+        return True, result
+
     def call_each(self, hook_name: str, check: Callable[[Any], str | None] | None = None,
                   **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Every implementation on its own, in pluggy's order; (plugin, result) for each
@@ -230,6 +389,22 @@ class PluginHost:
             ok, result = self.call_one(impl, hook_name, kwargs, check)
             if ok and result is not None:
                 yield impl.plugin_name, result
+
+
+# Hooks that ran past their deadline in this process: (plugin, module, function, hook) ->
+# the deadline they missed. Kept across reload_plugins(): a hanging probe hangs again.
+_timed_out: dict[tuple[str, str, str, str], float] = {}
+
+
+def _hook_key(impl: pluggy.HookImpl, hook_name: str) -> tuple[str, str, str, str]:
+    function = impl.function
+    return (impl.plugin_name, str(getattr(function, "__module__", "")),
+            str(getattr(function, "__qualname__", "")), hook_name)
+
+
+def _timeout_message(timeout: float) -> str:
+    return (f"timed out after {timeout:g} s (TORCHBRIDGE_DETECT_TIMEOUT); left running in "
+            "the background and not asked again in this process")
 
 
 def cached_for(cache: tuple[PluginHost, int, Any] | None, host: PluginHost) -> Any:

@@ -6,29 +6,41 @@ is offered: a malformed Detection is its plugin's error, never a crash of discov
 built-in cpu backend cannot be replaced or made unavailable. The four vendor backends we ship
 are known here even when their plugin is missing, so that asking for one says which package
 to install.
+
+Each plugin's detection runs under a deadline (TORCHBRIDGE_DETECT_TIMEOUT seconds, default
+5; "0" turns it off): past it the plugin's backends are unavailable with that reason and the
+process never waits for that hook again. Device counts no host can have are rejected. Auto-
+selection takes the best available backend that answers its device hooks (device_info and
+memory_stats of device 0); one that does not is passed over, with the reason in its
+`health`. A rejected Detection, or the backend of a plugin that is disabled, incompatible
+or broken, is reported by name, never as an unknown backend.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from torchbridge import devices
-from torchbridge.errors import BackendUnavailableError, DeviceError
+from torchbridge.errors import BackendUnavailableError, ConfigurationError, DeviceError
 from torchbridge.plugins import (
     PluginHost,
     PluginRecord,
     cached_for,
+    deprecated,
+    describe,
     exclusive_step,
     get_plugin_host,
 )
 from torchbridge.types import BackendStatus, Detection
+
+logger = logging.getLogger(__name__)
 
 BACKEND_ENV = "TORCHBRIDGE_BACKEND"
 # Default priority: NVIDIA CUDA, AMD ROCm, Intel XPU, TPU, CPU. Plugins report these.
@@ -36,6 +48,29 @@ PRIORITY = {"cuda": 100, "rocm": 90, "xpu": 80, "tpu": 70, "cpu": 0}
 ALIASES = {"nvidia": "cuda", "amd": "rocm", "hip": "rocm", "intel": "xpu", "xla": "tpu"}
 FALLBACKS = ("cpu", "generic")  # the core's answers a backend may opt into
 _NAME = re.compile(r"[a-z][a-z0-9_-]*")
+DETECT_TIMEOUT_ENV = "TORCHBRIDGE_DETECT_TIMEOUT"
+DEFAULT_DETECT_TIMEOUT = 5.0  # seconds per plugin's torchbridge_detect call
+MAX_DEVICES_PER_HOST = 64  # more devices of one backend than any host has
+
+
+def detect_timeout() -> float | None:
+    """The deadline of one plugin's detection in seconds: TORCHBRIDGE_DETECT_TIMEOUT, else
+    5. None (no deadline: detection runs on the calling thread) when it is "0" or "none"."""
+    raw = os.environ.get(DETECT_TIMEOUT_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_DETECT_TIMEOUT
+    if raw.strip().lower() in ("0", "none", "off"):
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigurationError(f"{DETECT_TIMEOUT_ENV}={raw!r}: expected a number of seconds "
+                                 "such as 5 or 0.5 (0 turns the deadline off)",
+                                 field=DETECT_TIMEOUT_ENV, value=raw,
+                                 source=f"environment variable {DETECT_TIMEOUT_ENV}")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -64,6 +99,28 @@ def _known_record(host: PluginHost, known: KnownBackend) -> PluginRecord | None:
                 records[0] if records else None)
 
 
+def plugin_state(record: PluginRecord) -> str | None:
+    """Why a plugin reports no backend: disabled, incompatible, failed to load, its
+    detection timed out or raised; None when it is loaded and well."""
+    if record.status == "disabled":
+        return f"plugin {record.name} is {record.error}"
+    if record.status == "incompatible":
+        return f"plugin {record.name} is incompatible: {record.error}"
+    if record.status == "failed":
+        return f"plugin {record.name} failed to load: {record.error}"
+    if record.detect_timed_out:
+        return f"plugin {record.name}'s detection {_timeout_error(record)}"
+    detect_errors = [e for e in record.errors if e.startswith("in torchbridge_detect:")]
+    if detect_errors:
+        return f"plugin {record.name} failed to detect: {detect_errors[0]}"
+    return None
+
+
+def _timeout_error(record: PluginRecord) -> str:
+    message = next((e for e in record.errors if "timed out after" in e), "timed out")
+    return message.removeprefix("in torchbridge_detect: ")
+
+
 def _missing_status(host: PluginHost, name: str, known: KnownBackend) -> BackendStatus:
     record = _known_record(host, known)
     hint: str | None = f"pip install torchbridge[{known.extra}]"
@@ -71,6 +128,11 @@ def _missing_status(host: PluginHost, name: str, known: KnownBackend) -> Backend
         reason = f"plugin {known.distribution} is not installed ({hint})"
     elif record.status == "disabled":
         reason, hint = f"plugin {known.plugin} is {record.error}", None
+    elif record.status == "incompatible":
+        reason = f"plugin {record.name} is incompatible: {record.error}"
+        hint = f"pip install --upgrade {known.distribution}"
+    elif record.detect_timed_out:
+        reason, hint = f"plugin {record.name}'s detection {_timeout_error(record)}", None
     else:
         reason = f"plugin {record.name} is broken: {record.error}"
         hint = f"pip install --force-reinstall {known.distribution}"
@@ -99,6 +161,13 @@ def detection_problem(det: object, plugin: str, builtin: bool) -> str | None:
             return f"{name}: {field_name} must be an int, got {value!r}"
     if det.device_count < 0 or (det.available and det.device_count < 1):
         return f"{name}: an available backend needs device_count >= 1, got {det.device_count}"
+    if det.device_count > MAX_DEVICES_PER_HOST:
+        return (f"{name}: claims {det.device_count} devices; no host has more than "
+                f"{MAX_DEVICES_PER_HOST} of one backend")
+    cpus = os.cpu_count() or 1
+    if det.device_type == "cpu" and det.device_count > cpus:
+        return (f"{name}: claims {det.device_count} cpu-hosted device(s), but this host has "
+                f"{cpus} CPU(s)")
     for field_name in ("vendor", "reason"):
         value = getattr(det, field_name)
         if value is not None and not isinstance(value, str):
@@ -120,14 +189,38 @@ def detection_problem(det: object, plugin: str, builtin: bool) -> str | None:
     return None
 
 
+def _rejected_status(det: Detection, plugin: str, problem: str) -> BackendStatus | None:
+    """An unavailable row for a rejected Detection whose name is usable, so that asking
+    for it says why (None when the name itself is the problem)."""
+    name = det.name
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in ALIASES:
+        return None
+    priority = det.priority if isinstance(det.priority, int) \
+        and not isinstance(det.priority, bool) else 0
+    device_type = det.device_type if isinstance(det.device_type, str) else "unknown"
+    vendor = det.vendor if isinstance(det.vendor, str) else None
+    reason = (f"plugin {plugin} reported it, but its Detection was rejected: "
+              f"{problem.removeprefix(f'{name}: ')}")
+    return BackendStatus(name, False, priority, device_type, 0, vendor, reason, plugin)
+
+
+# backend name -> the plugin that reported it, over this process: a backend whose plugin is
+# later disabled, incompatible or broken is still reported by name.
+_reported_by: dict[str, str] = {}
+
+
 def _discover(host: PluginHost) -> list[BackendStatus]:
     found: dict[str, BackendStatus] = {}
+    rejected: dict[str, BackendStatus] = {}
+    timeout = detect_timeout()
     for impl in host.implementations("torchbridge_detect"):
         plugin = impl.plugin_name
         record = host.records.get(plugin)
         builtin = record is not None and record.group == "builtin"
         started = time.perf_counter()
-        ok, result = host.call_one(impl, "torchbridge_detect", {})
+        # The built-ins are the core's code, asked on this thread: cpu is never late.
+        ok, result = host.call_one_within(impl, "torchbridge_detect", {},
+                                          None if builtin else timeout)
         seconds = time.perf_counter() - started
         if record is not None:
             record.detect_seconds = seconds
@@ -138,6 +231,10 @@ def _discover(host: PluginHost) -> list[BackendStatus]:
             problem = detection_problem(det, plugin, builtin)
             if problem is not None:
                 host.record_hook_error(plugin, "torchbridge_detect", problem)
+                row = _rejected_status(det, plugin, problem) \
+                    if isinstance(det, Detection) else None
+                if row is not None:
+                    rejected.setdefault(row.name, row)
                 continue
             if det.name in found:  # the first plugin called (tryfirst) wins
                 if record is not None:
@@ -148,11 +245,11 @@ def _discover(host: PluginHost) -> list[BackendStatus]:
                 record.warn(f"reports backend {det.name!r} unavailable without a reason")
                 det = dataclasses.replace(det, reason=f"plugin {plugin} gave no reason")
             if det.fallbacks is None and record is not None and not builtin:
-                message = (f"backend {det.name!r} leans on the core's fallback answers without "
-                           "opting in; set Detection(fallbacks=(...)) (\"generic\", \"cpu\") "
-                           "or () and answer every device-level hook yourself")
-                record.warn(message)
-                warnings.warn(f"plugin {plugin}: {message}", DeprecationWarning, stacklevel=2)
+                deprecated(plugin, f"backend {det.name!r} leans on the core's fallback answers "
+                           "without opting in",
+                           "set Detection(fallbacks=(...)) (\"generic\", \"cpu\") or () and "
+                           "answer every device-level hook yourself", stacklevel=2)
+            _reported_by.setdefault(det.name, plugin)
             found[det.name] = BackendStatus(
                 det.name, det.available, det.priority, det.device_type,
                 det.device_count if det.available else 0, det.vendor, det.reason, plugin,
@@ -160,25 +257,48 @@ def _discover(host: PluginHost) -> list[BackendStatus]:
     for name, known in KNOWN_BACKENDS.items():
         if name not in found:
             found[name] = _missing_status(host, name, known)
+    for name, row in rejected.items():
+        found.setdefault(name, row)
+    for name, plugin in _reported_by.items():  # reported earlier, by a plugin now silent
+        record = host.records.get(plugin)
+        state = plugin_state(record) if record is not None else None
+        if name not in found and state is not None and record is not None:
+            found[name] = BackendStatus(name, False, 0, "unknown", 0, None, state, plugin)
     return sorted(found.values(), key=lambda s: (-s.priority, s.name))
 
 
-_discovery: tuple[PluginHost, int, list[BackendStatus]] | None = None
+@dataclass
+class _Discovery:
+    statuses: list[BackendStatus]
+    health: dict[str, str]  # backend -> "ok" or why selection passed it over
+
+
+_discovery: tuple[PluginHost, int, _Discovery] | None = None
+
+
+def _current() -> _Discovery:
+    global _discovery
+    host = get_plugin_host()
+    cached: _Discovery | None = cached_for(_discovery, host)
+    if cached is not None:
+        return cached
+    with exclusive_step("discovering backends"):
+        found = _Discovery(_discover(host), {})
+    _discovery = (host, host.generation, found)
+    return found
 
 
 def list_backends(rescan: bool = False) -> list[BackendStatus]:
     """Every known backend, best first, with availability and, when unavailable, why.
     Discovery runs once per plugin set; `rescan=True` asks every plugin again (after a
-    driver appeared, in tests that replay recorded devices)."""
+    driver appeared, in tests that replay recorded devices), except those whose detection
+    timed out earlier in this process. `health` says what auto-selection found."""
     global _discovery
-    host = get_plugin_host()
-    cached: list[BackendStatus] | None = cached_for(_discovery, host)
-    if not rescan and cached is not None:
-        return list(cached)
-    with exclusive_step("discovering backends"):
-        statuses = _discover(host)
-    _discovery = (host, host.generation, statuses)
-    return list(statuses)
+    if rescan:
+        _discovery = None
+    found = _current()
+    return [dataclasses.replace(s, health=found.health[s.name]) if s.name in found.health
+            else s for s in found.statuses]
 
 
 def parse_backend_spec(spec: str) -> tuple[str, int]:
@@ -212,11 +332,51 @@ def detect_best_backend() -> str:
 
 
 def best_available(statuses: list[BackendStatus]) -> BackendStatus:
-    status = next((s for s in statuses if s.available), None)
-    if status is None:  # only if the built-in cpu plugin itself is broken
-        raise BackendUnavailableError("no backend is available, not even cpu: the "
-                                      "torchbridge-core installation is broken")
-    return status
+    """The first available backend of `statuses` (best first) that answers its device
+    hooks; each one that does not is passed over, the reason kept as its `health`. The
+    built-in cpu backend is not asked: it is the last resort."""
+    found = _current()
+    for status in statuses:
+        if not status.available:
+            continue
+        if status.plugin == "cpu" or status.name == "cpu":
+            return status
+        health = found.health.get(status.name)
+        if health is None:
+            problem = health_problem(status)
+            health = found.health[status.name] = "ok" if problem is None else problem
+            if problem is not None:
+                logger.warning("backend %s passed over by selection: %s", status.name,
+                               problem)
+        if health == "ok":
+            return dataclasses.replace(status, health=health)
+    # only if the built-in cpu plugin itself is broken
+    raise BackendUnavailableError("no backend is available, not even cpu: the "
+                                  "torchbridge-core installation is broken")
+
+
+def health_problem(status: BackendStatus) -> str | None:
+    """None when backend `status` answers device_info and memory_stats of device 0 through
+    the facade, as its users will ask them; else what went wrong. The facade is built
+    without announcing it (no torchbridge_backend_created, no process-wide settings): it is
+    a question, not a selection."""
+    from torchbridge.backend import Backend
+    from torchbridge.config import TorchBridgeConfig
+
+    try:
+        config = TorchBridgeConfig.load()
+    except ConfigurationError:
+        config = TorchBridgeConfig()
+    probe = object.__new__(Backend)
+    probe.status, probe.config, probe.answered_by, probe._index = status, config, {}, 0
+    try:
+        probe.get_device_info(0)
+    except Exception as exc:
+        return f"its device hooks failed: {describe(exc)}"
+    stats, _ = probe.call_device_hook("torchbridge_memory_stats", 0)
+    if stats is None:
+        return f"its device hooks failed: {probe._unanswered('torchbridge_memory_stats', 0)}"
+    return None
 
 
 def backend_status(name: str, statuses: list[BackendStatus] | None = None) -> BackendStatus:
@@ -227,6 +387,10 @@ def backend_status(name: str, statuses: list[BackendStatus] | None = None) -> Ba
     statuses = list_backends() if statuses is None else statuses
     status = next((s for s in statuses if s.name == name), None)
     if status is None:
+        state = _silent_plugin(name)
+        if state is not None:
+            raise BackendUnavailableError(f"backend {name!r} is unavailable: {state}",
+                                          backend=name)
         known = ", ".join(s.name for s in statuses)
         raise BackendUnavailableError(f"unknown backend {name!r}; known backends: {known}",
                                       backend=name)
@@ -235,3 +399,15 @@ def backend_status(name: str, statuses: list[BackendStatus] | None = None) -> Ba
         raise BackendUnavailableError(f"backend {name!r} is unavailable: {status.reason}{hint}",
                                       backend=name, install_hint=status.install_hint)
     return status
+
+
+def _silent_plugin(name: str) -> str | None:
+    """Why a plugin named `name` (its entry point's name) reports no backend, when it is
+    disabled, incompatible or broken: a backend is often named after its plugin."""
+    host = get_plugin_host()
+    for record in host.records.values():
+        if record.name == name or record.name.startswith(f"{name}["):
+            state = plugin_state(record)
+            if state is not None:
+                return f"{state} (no other plugin reports a backend of this name)"
+    return None

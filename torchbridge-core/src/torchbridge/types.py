@@ -68,6 +68,9 @@ class BackendStatus:
     install_hint: str | None = None
     fallbacks: tuple[str, ...] | None = None  # as the Detection declared them
     detect_seconds: float | None = None  # the plugin's whole torchbridge_detect call
+    # Whether auto-selection found it answering its device hooks (device_info and
+    # memory_stats of device 0): None not asked (yet), "ok", else why it was passed over.
+    health: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -19,15 +19,16 @@ import torch
 from torch.utils import _pytree as pytree
 
 from torchbridge.config import TorchBridgeConfig, hardware_sections
-from torchbridge.errors import BackendUnavailableError, DeviceError
+from torchbridge.errors import BackendUnavailableError, ConfigurationError, DeviceError
 from torchbridge.kernels import compute, resolve_kernel
 from torchbridge.memory import MemoryManager, apply_memory_fraction
-from torchbridge.plugins import exclusive_step, get_plugin_host
+from torchbridge.plugins import describe, exclusive_step, get_plugin_host
 from torchbridge.selection import (
     backend_status,
     best_available,
     list_backends,
     parse_backend_spec,
+    register_health_check,
 )
 from torchbridge.types import BackendStatus, DeviceInfo, MemoryStats
 
@@ -355,6 +356,30 @@ class Backend:
         forced = Backend(self.status, config, index=self._index)
         return forced.prepare_model(model, "O3", sample_input=sample_input, inplace=inplace,
                                     strict=strict)
+
+
+def device_hooks_problem(status: BackendStatus) -> str | None:
+    """None when backend `status` answers device_info and memory_stats of device 0 through
+    the facade, as its users will ask them; else what went wrong. The facade is built
+    without announcing it (no torchbridge_backend_created, no process-wide settings): it is
+    a question, not a selection."""
+    try:
+        config = TorchBridgeConfig.load()
+    except ConfigurationError:
+        config = TorchBridgeConfig()
+    probe = object.__new__(Backend)
+    probe.status, probe.config, probe.answered_by, probe._index = status, config, {}, 0
+    try:
+        probe.get_device_info(0)
+    except Exception as exc:
+        return f"its device hooks failed: {describe(exc)}"
+    stats, _ = probe.call_device_hook("torchbridge_memory_stats", 0)
+    if stats is None:
+        return f"its device hooks failed: {probe._unanswered('torchbridge_memory_stats', 0)}"
+    return None
+
+
+register_health_check(device_hooks_problem)
 
 
 def get_backend(name: str | None = None, config: TorchBridgeConfig | None = None) -> Backend:

@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +35,6 @@ from torchbridge.plugins import (
     PluginRecord,
     cached_for,
     deprecated,
-    describe,
     exclusive_step,
     get_plugin_host,
 )
@@ -355,28 +355,21 @@ def best_available(statuses: list[BackendStatus]) -> BackendStatus:
                                   "torchbridge-core installation is broken")
 
 
-def health_problem(status: BackendStatus) -> str | None:
-    """None when backend `status` answers device_info and memory_stats of device 0 through
-    the facade, as its users will ask them; else what went wrong. The facade is built
-    without announcing it (no torchbridge_backend_created, no process-wide settings): it is
-    a question, not a selection."""
-    from torchbridge.backend import Backend
-    from torchbridge.config import TorchBridgeConfig
+# How selection asks a backend's device hooks: the Backend facade does (backend.py registers
+# its check when imported; this layer cannot import the facade above it). Until then, as
+# for a bare detect_best_backend() in a process that created no backend, nothing is asked.
+_health_check: Callable[[BackendStatus], str | None] | None = None
 
-    try:
-        config = TorchBridgeConfig.load()
-    except ConfigurationError:
-        config = TorchBridgeConfig()
-    probe = object.__new__(Backend)
-    probe.status, probe.config, probe.answered_by, probe._index = status, config, {}, 0
-    try:
-        probe.get_device_info(0)
-    except Exception as exc:
-        return f"its device hooks failed: {describe(exc)}"
-    stats, _ = probe.call_device_hook("torchbridge_memory_stats", 0)
-    if stats is None:
-        return f"its device hooks failed: {probe._unanswered('torchbridge_memory_stats', 0)}"
-    return None
+
+def register_health_check(check: Callable[[BackendStatus], str | None]) -> None:
+    global _health_check
+    _health_check = check
+
+
+def health_problem(status: BackendStatus) -> str | None:
+    """None when backend `status` answers device_info and memory_stats of device 0 (or no
+    check is registered); else what went wrong."""
+    return _health_check(status) if _health_check is not None else None
 
 
 def backend_status(name: str, statuses: list[BackendStatus] | None = None) -> BackendStatus:

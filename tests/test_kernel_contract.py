@@ -233,14 +233,6 @@ def test_a_plugins_op_exists_after_get_backend(reload_plugins: None,
     assert registered("late_scale_c")
 
 
-@pytest.mark.xfail(strict=False, reason="needs plugins.register_plugin (plugins.py) to call "
-                   "torchbridge.kernels.register_plugin_ops() once the plugin is registered")
-def test_a_plugins_op_exists_once_the_plugin_is_loaded(reload_plugins: None,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    torchbridge.register_plugin(late_plugin(monkeypatch, "late_scale_d"), name="op_late")
-    assert registered("late_scale_d")
-
-
 def test_the_module_level_late_op_plugin(plugins: Any) -> None:
     late = plugins("op_late")
     assert late.OP in known_ops()

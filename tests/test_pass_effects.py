@@ -5,8 +5,7 @@ without one fails the walk, so a new pass cannot report applied unchecked."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ import torchbridge
 from test_amd import RECORDED as AMD_RECORDED
 from test_amd import FakeGPUs as FakeAMDGPUs
 from test_amd import rocm_flags  # noqa: F401  (a fixture, used by name)
+from test_contract_recorded import hipblaslt_env  # noqa: F401  (a fixture, used by name)
 from test_intel import RECORDED as INTEL_RECORDED
 from test_intel import FakeXPUs
 from test_nvidia import RECORDED as NVIDIA_RECORDED
@@ -115,16 +115,6 @@ def walk(backend: torchbridge.Backend, levels: tuple[str, ...] = ("O1", "O2", "O
     return wrong
 
 
-@pytest.fixture
-def clean_env() -> Iterator[None]:
-    before = os.environ.get("HIPBLASLT_ALLOW_TF32")
-    yield
-    if before is None:
-        os.environ.pop("HIPBLASLT_ALLOW_TF32", None)
-    else:
-        os.environ["HIPBLASLT_ALLOW_TF32"] = before
-
-
 def _no_device_passes() -> torchbridge.TorchBridgeConfig:
     # No GPU to place on or compile for: with compile disabled, its options must skip.
     return torchbridge.TorchBridgeConfig.load(
@@ -139,7 +129,7 @@ def test_nvidia_passes_report_applied_only_with_their_effect(
     assert walk(torchbridge.get_backend("cuda", _no_device_passes())) == []
 
 
-@pytest.mark.usefixtures("rocm_flags", "clean_env")
+@pytest.mark.usefixtures("rocm_flags", "hipblaslt_env")
 @pytest.mark.parametrize("gpu", list(AMD_RECORDED))
 def test_amd_passes_report_applied_only_with_their_effect(
         monkeypatch: pytest.MonkeyPatch, gpu: str) -> None:

@@ -130,7 +130,6 @@ def _copy(model: nn.Module, why: str) -> nn.Module:
             "pass inplace=True to prepare the model itself") from exc
 
 
-
 def _device_info(backend: Backend, notes: list[str]) -> DeviceInfo:
     """The device's description for the passes. When no plugin can describe the device,
     the run goes on knowing nothing about it: float32 only, no low-precision dtype, so
@@ -190,7 +189,7 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     result.notes.extend(collected.problems)
     if strict and collected.problems:
         raise ModelOptimizationError("; ".join(collected.problems))
-    run = Run(backend, work, ctx, result, call, LEVEL_TOLERANCE[level.value], strict)
+    run = Run(work, ctx, result, call, LEVEL_TOLERANCE[level.value], strict)
     try:
         for plugin, p in collected.passes:
             run.run(plugin, p)

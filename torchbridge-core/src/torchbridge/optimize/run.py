@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
@@ -23,9 +23,6 @@ from torchbridge.optimize.report import OptimizationResult, PassRecord
 from torchbridge.optimize.settings import watched
 from torchbridge.optimize.snapshot import ModelChanges, ModelSnapshot, SnapshotRestoreError
 from torchbridge.plugins import get_plugin_host, is_fatal
-
-if TYPE_CHECKING:
-    from torchbridge.backend import Backend
 
 logger = logging.getLogger("torchbridge.optimize.pipeline")
 
@@ -59,8 +56,8 @@ def _run_sample(model: nn.Module, call: Callable[[nn.Module], Any]) -> Any:
 
 
 def _verify(model: nn.Module, call: Callable[[nn.Module], Any], reference: Any,
-            tolerance: float) -> tuple[Any, float, float]:
-    """(output, max abs drift, max rel drift) of the model after a pass; raises
+            tolerance: float) -> tuple[float, float]:
+    """(max abs drift, max rel drift) of the model's output against the reference; raises
     _Unverified when its output is no drop-in for the reference."""
     out = _run_sample(model, call)
     state = compile_state(model)
@@ -74,7 +71,7 @@ def _verify(model: nn.Module, call: Callable[[nn.Module], Any], reference: Any,
     if not max_rel <= tolerance:
         raise _Unverified(f"output drift {max_rel:.3g} (max abs {max_abs:.3g}) exceeds the "
                           f"level's tolerance {tolerance:g}")
-    return out, max_abs, max_rel
+    return max_abs, max_rel
 
 
 class _Unverified(Exception):
@@ -116,14 +113,15 @@ class _Applied:
     record: int  # its index in result.passes
     effective: bool = True
 
+
 class Run:
     """One prepare_model run: the passes applied so far, each with the snapshot of the model
     before it, so that any of them, or all, can be undone in reverse order."""
 
-    def __init__(self, backend: Backend, work: nn.Module, ctx: PassContext,
-                 result: OptimizationResult, call: Callable[[nn.Module], Any] | None,
-                 tolerance: float, strict: bool) -> None:
-        self.backend, self.work, self.ctx, self.result = backend, work, ctx, result
+    def __init__(self, work: nn.Module, ctx: PassContext, result: OptimizationResult,
+                 call: Callable[[nn.Module], Any] | None, tolerance: float, strict: bool
+                 ) -> None:
+        self.work, self.ctx, self.result = work, ctx, result
         self.call, self.tolerance, self.strict = call, tolerance, strict
         self.applied: list[_Applied] = []
         self.scoping: ModelSnapshot | None = None  # before the scoped-settings forward
@@ -277,8 +275,8 @@ class Run:
             self.have_reference = True
         while True:
             try:
-                _, max_abs, max_rel = _verify(self.work, self.call, self.reference,
-                                                self.tolerance)
+                max_abs, max_rel = _verify(self.work, self.call, self.reference,
+                                           self.tolerance)
                 self.result.max_abs_diff, self.result.max_rel_diff = max_abs, max_rel
                 return
             except Exception as exc:

@@ -176,10 +176,13 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def write_atomically(path: Path, write: Callable[[IO[bytes]], None], *,
-                     error: type[Exception], what: str = "file") -> Path:
+                     error: type[Exception], what: str = "file",
+                     replace_link: bool = False) -> Path:
     """Write `path` through `write(file)` atomically. A `path` that is a symlink is refused
     (a save never writes through a link it did not create; the folders above it may be
-    links); an existing file keeps its permission bits; a new file gets the umask's. Any
+    links), or with `replace_link` replaced by the new file, never followed (a name that
+    only this code writes, such as a distributed checkpoint's CURRENT); an existing file
+    keeps its permission bits; a new file gets the umask's. Any
     failure raises `error` naming `path` and the cause, with the old file untouched and the
     temporary removed. Returns the file written."""
     def fail(cause: str) -> Exception:
@@ -199,6 +202,8 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], None], *,
         folder_exists = folder.is_dir()
     except (OSError, ValueError) as exc:  # overlong name, NUL byte, loop of links, ...
         raise fail(describe_os_error(exc)) from exc
+    if existing is not None and stat.S_ISLNK(existing.st_mode) and replace_link:
+        existing = None  # os.replace below replaces the link itself
     if existing is not None and stat.S_ISLNK(existing.st_mode):
         raise fail("it is a symbolic link, which a save never follows; remove the link or "
                    "save to the file it points to")

@@ -29,9 +29,9 @@ import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from torchbridge.atomic_file import remove_dead_temporaries, temp_name
+from torchbridge.atomic_file import write_atomically
 from torchbridge.distributed.dcp_safe import METADATA, open_no_follow
 from torchbridge.errors import CheckpointError
 
@@ -78,26 +78,14 @@ def _digest(path: Path) -> tuple[int, str]:
 
 
 def _write_file(folder: Path, name: str, data: bytes) -> None:
-    """Create `folder/name` atomically: a new temporary (never through a link), fsync, then
-    a rename that replaces whatever was there, a planted link included, without following."""
-    remove_dead_temporaries(folder)
-    tmp = folder / temp_name(name)
-    try:
-        with open_no_follow(tmp, write=True) as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, folder / name)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    """Create `folder/name` atomically (a new temporary, never through a link, fsynced,
+    renamed over the name): a link planted at the name is replaced, not followed. Raises
+    OSError naming the file and the cause."""
+    def put(file: IO[bytes]) -> None:
+        file.write(data)
+
+    write_atomically(folder / name, put, error=OSError, what="distributed checkpoint file",
+                     replace_link=True)
 
 
 def _is_real_dir(path: Path) -> bool:

@@ -355,9 +355,9 @@ def best_available(statuses: list[BackendStatus]) -> BackendStatus:
                                   "torchbridge-core installation is broken")
 
 
-# How selection asks a backend's device hooks: the Backend facade does (backend.py registers
-# its check when imported; this layer cannot import the facade above it). Until then, as
-# for a bare detect_best_backend() in a process that created no backend, nothing is asked.
+# How selection asks a backend's device hooks: through the Backend facade, which registers
+# its check when torchbridge.backend is imported (this layer cannot import the facade above
+# it).
 _health_check: Callable[[BackendStatus], str | None] | None = None
 
 
@@ -367,9 +367,17 @@ def register_health_check(check: Callable[[BackendStatus], str | None]) -> None:
 
 
 def health_problem(status: BackendStatus) -> str | None:
-    """None when backend `status` answers device_info and memory_stats of device 0 (or no
-    check is registered); else what went wrong."""
-    return _health_check(status) if _health_check is not None else None
+    """None when backend `status` answers device_info and memory_stats of device 0; else
+    what went wrong."""
+    if _health_check is None:
+        # A process that has only detected so far (a bare detect_best_backend()): the
+        # package's lazy attribute imports the facade, which registers the check. Paid only
+        # when an accelerator backend is the candidate (cpu is never asked).
+        import torchbridge
+
+        torchbridge.Backend  # noqa: B018
+    assert _health_check is not None
+    return _health_check(status)
 
 
 def backend_status(name: str, statuses: list[BackendStatus] | None = None) -> BackendStatus:

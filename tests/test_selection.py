@@ -142,9 +142,11 @@ def test_tpu_indicated_without_torch_xla(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_health_check_passes_over_a_detection_whose_device_hooks_fail(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, reload_plugins: None) -> None:
     """The H100 node's detection without its device properties: cuda is detected, but its
-    device hooks cannot describe device 0, so selection passes it over for cpu and says why."""
+    device hooks cannot describe device 0, so selection passes it over for cpu and says why.
+    (The nvidia plugin's failed hooks are recorded as its errors: reload_plugins clears
+    them for the tests after this one.)"""
     fake_torch_runtime(monkeypatch, *H100_NODE)
     monkeypatch.undo()
     monkeypatch.setattr(torch.version, "cuda", H100_NODE[0])

@@ -352,34 +352,29 @@ class PluginHost:
             return False, self.record_hook_error(impl.plugin_name, hook_name,
                                                  _timeout_message(_timed_out[key]))
         outcome: list[tuple[bool, Any]] = []
+        fatal: list[BaseException] = []
         steps: set[str] = getattr(_local, "steps", set())
 
         def run() -> None:
             _local.steps = steps  # re-entering discovery from the hook is still refused
             try:
-                outcome.append((True, impl.function(*(kwargs[arg] for arg in impl.argnames))))
-            except BaseException as exc:  # reported on the calling thread
-                outcome.append((False, exc))
+                outcome.append(self.call_one(impl, hook_name, kwargs, check))
+            except BaseException as exc:  # Ctrl-C: raised again on the calling thread
+                fatal.append(exc)
 
         thread = threading.Thread(target=run, daemon=True,
                                   name=f"torchbridge {hook_name} {impl.plugin_name}")
         thread.start()
         thread.join(timeout)
+        if fatal:
+            raise fatal[0]
         if not outcome:  # still running: left behind, a daemon thread
             _timed_out[key] = timeout
             if record is not None:
                 record.detect_timed_out = True
             return False, self.record_hook_error(impl.plugin_name, hook_name,
                                                  _timeout_message(timeout))
-        ok, result = outcome[0]
-        if not ok:
-            if is_fatal(result):
-                raise result
-            return False, self.record_hook_error(impl.plugin_name, hook_name, result)
-        problem = check(result) if check is not None and result is not None else None
-        if problem is not None:
-            return False, self.record_hook_error(impl.plugin_name, hook_name, problem)
-        return True, result
+        return outcome[0]
 
     def call_each(self, hook_name: str, check: Callable[[Any], str | None] | None = None,
                   **kwargs: Any) -> Iterator[tuple[str, Any]]:

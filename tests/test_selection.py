@@ -73,10 +73,12 @@ MI300X_NODE = (None, "6.2.41133", True, 8)
 
 
 def fake_torch_runtime(monkeypatch: pytest.MonkeyPatch, cuda: str | None, hip: str | None,
-                       available: bool, count: int) -> None:
+                       available: bool, count: int, *, answered: bool = True) -> None:
     """Detection as on that machine. Only detection: its device hooks have nothing to answer
-    with, so selection's health check is told they answered (see test_health_check_*)."""
-    monkeypatch.setattr("torchbridge.selection.health_problem", lambda status: None)
+    with, so selection's health check is told they answered, unless `answered` is False
+    (see test_health_check_*)."""
+    if answered:
+        monkeypatch.setattr("torchbridge.selection.health_problem", lambda status: None)
     monkeypatch.setattr(torch.version, "cuda", cuda)
     monkeypatch.setattr(torch.version, "hip", hip)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
@@ -147,13 +149,7 @@ def test_health_check_passes_over_a_detection_whose_device_hooks_fail(
     device hooks cannot describe device 0, so selection passes it over for cpu and says why.
     (The nvidia plugin's failed hooks are recorded as its errors: reload_plugins clears
     them for the tests after this one.)"""
-    fake_torch_runtime(monkeypatch, *H100_NODE)
-    monkeypatch.undo()
-    monkeypatch.setattr(torch.version, "cuda", H100_NODE[0])
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
-    torchbridge.list_backends(rescan=True)
+    fake_torch_runtime(monkeypatch, *H100_NODE, answered=False)
     assert statuses()["cuda"].available and statuses()["cuda"].health is None  # not asked yet
     assert torchbridge.detect_best_backend() == "cpu"
     assert torchbridge.get_backend().name == "cpu"

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torchbridge
+from test_checkpoint_hardening import dead_pid
 from torchbridge import CheckpointError, atomic_file
 from torchbridge.atomic_file import TEMP_MARK, remove_dead_temporaries, temp_name
 from torchbridge.checkpoint_checks import FOOTER_PREFIX, MAX_DEPTH
@@ -335,14 +336,6 @@ def test_a_symlink_planted_at_the_temporary_name_is_not_followed(
     with pytest.raises(CheckpointError, match="File exists"):
         torchbridge.save_checkpoint(TENSORS, tmp_path / "m.pt")
     assert victim.read_text() == "precious" and not (tmp_path / "m.pt").exists()
-
-
-def dead_pid() -> int:
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os._exit(0)
-    os.waitpid(pid, 0)
-    return pid
 
 
 def test_temporaries_of_live_or_foreign_writers_are_not_removed(tmp_path: Path) -> None:

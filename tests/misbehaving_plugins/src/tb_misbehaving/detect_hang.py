@@ -12,10 +12,12 @@ from tb_misbehaving import ACTIVE
 
 HANG_SECONDS = 3600.0
 released = threading.Event()  # a test may set it to let the hung thread finish
+calls = [0]  # how often the hook was entered: a rescan must not ask it again
 
 if ACTIVE:
 
     @hookimpl
     def torchbridge_detect() -> Detection:
+        calls[0] += 1
         released.wait(HANG_SECONDS)
         return Detection("mb_hang", True, 900, "cpu", 1, "Hang Corp", fallbacks=("cpu",))

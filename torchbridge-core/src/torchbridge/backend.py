@@ -312,35 +312,44 @@ class Backend:
 
     # -- models ---------------------------------------------------------------------------
     def optimize(self, model: nn.Module, level: Any = None, sample_input: Any = None,
-                 measure: bool = False, *, inplace: bool = False, strict: bool | None = None
-                 ) -> OptimizationResult:
+                 measure: bool = False, *, inplace: bool = False, strict: bool | None = None,
+                 quantize: str | None = None) -> OptimizationResult:
         """Run the pass pipeline at `level` (default: config.optimization_level) and return
         the full report: passes applied, skipped (why) and failed (error); output drift
-        against O0 when `sample_input` is given; measured speedup when `measure=True`."""
+        against O0 when `sample_input` is given; measured speedup when `measure=True`.
+        `quantize`: "int8", "int8_weight_only", "int4_weight_only" or "float8" (default:
+        config optimization.quantize; False: none)."""
         # Imported here: the pipeline's modules cost about 15 ms at import, which
         # get_backend() does not pay (benchmarks/startup.py holds it to its bound).
         from torchbridge.optimize.pipeline import run_pipeline
 
         return run_pipeline(self, model, level, sample_input=sample_input, measure=measure,
-                            inplace=inplace, strict=strict)
+                            inplace=inplace, strict=strict, quantize=quantize)
 
     def prepare_model(self, model: nn.Module, level: Any = None, *, sample_input: Any = None,
                       inplace: bool = False, strict: bool | None = None,
-                      distributed: str | None = None) -> nn.Module:
+                      distributed: str | None = None, quantize: str | None = None
+                      ) -> nn.Module:
         """The prepared model. Its report: `torchbridge.optimization_result(prepared)`.
 
         `distributed="ddp"` or `"fsdp"` (after `torchbridge.distributed.initialize()`) wraps
         the prepared model in DistributedDataParallel or FSDP2, outside the level's passes
         (torchbridge.distributed.strategies says why in that order); an unsupported strategy
-        is a DistributedError with the reason."""
+        is a DistributedError with the reason.
+
+        `quantize="int8"` (or "int8_weight_only", "int4_weight_only", "float8"; default:
+        config optimization.quantize) quantizes the Linear layers through torchao where the
+        device supports the mode; on the sample input its outputs must keep the accuracy
+        gate (config optimization.quantize_min_cosine and quantize_min_argmax_agreement),
+        else the quantization is rolled back and the report gives the figures."""
         if distributed is not None:
             from torchbridge.distributed.strategies import prepare_distributed
 
             return prepare_distributed(self, model, level, distributed,
                                        sample_input=sample_input, inplace=inplace,
-                                       strict=strict)
+                                       strict=strict, quantize=quantize)
         return self.optimize(model, level, sample_input=sample_input, inplace=inplace,
-                             strict=strict).model
+                             strict=strict, quantize=quantize).model
 
     def prepare_model_with_custom_kernels(self, model: nn.Module, *, sample_input: Any = None,
                                           inplace: bool = False, strict: bool | None = None

@@ -162,9 +162,28 @@ class MemoryConfig(ConfigSection):
     oom_safety_margin: float = Field(default=1.1, ge=1.0, le=10.0)
 
 
+QuantizeMode = Literal["int8", "int8_weight_only", "int4_weight_only", "float8"]
+
+
 class OptimizationConfig(ConfigSection):
     disabled_passes: list[str] = Field(default_factory=list,
                                        description="pass names prepare_model must skip")
+    quantize: QuantizeMode | None = Field(
+        default=None, description="quantize the model's Linear layers with torchao "
+        "(int8: dynamic int8 activations and int8 weights); None: no quantization. "
+        "prepare_model(quantize=...) overrides it")
+    quantize_min_cosine: float = Field(
+        default=0.99, ge=-1.0, le=1.0, description="accuracy gate of a quantized model: "
+        "least cosine similarity of its outputs to the unquantized model's on the sample "
+        "input; below it the quantization is rolled back")
+    quantize_min_argmax_agreement: float = Field(
+        default=0.90, ge=0.0, le=1.0, description="accuracy gate of a quantized model: "
+        "least share of rows whose argmax (top class or token) matches the unquantized "
+        "model's on the sample input")
+    compile_cache_dir: str | None = Field(
+        default=None, description="where torch.compile keeps compiled artifacts, so that "
+        "another process preparing the same model reuses them (None: inductor's default, "
+        "$TORCHINDUCTOR_CACHE_DIR or a folder under the system's temporary directory)")
 
 
 class HardwareConfig(ConfigSection):

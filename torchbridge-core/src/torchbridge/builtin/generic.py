@@ -117,5 +117,6 @@ def torchbridge_optimization_passes(backend: Backend, level: OptimizationLevel
                                     ) -> list[OptimizationPass]:
     from torchbridge.optimize.core_passes import core_passes
     from torchbridge.optimize.kernel_substitution import kernel_substitution_pass
+    from torchbridge.optimize.quantize import quantize_passes
 
-    return [*core_passes(), kernel_substitution_pass()]
+    return [*core_passes(), kernel_substitution_pass(), *quantize_passes()]

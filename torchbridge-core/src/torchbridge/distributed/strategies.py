@@ -147,7 +147,8 @@ def check_strategy(strategy: object) -> str:
 
 def prepare_distributed(backend: Backend, model: nn.Module, level: Any, strategy: object, *,
                         sample_input: Any = None, inplace: bool = False,
-                        strict: bool | None = None) -> nn.Module:
+                        strict: bool | None = None, quantize: str | None = None
+                        ) -> nn.Module:
     """The level's passes through `backend.optimize`, then the distributed wrapper around
     their result (see the module text for the order). The report gains the wrapper as its
     last applied step."""
@@ -169,7 +170,7 @@ def prepare_distributed(backend: Backend, model: nn.Module, level: Any, strategy
         raise DistributedError(f"distributed={name!r} is not supported on "
                                f"{context.device.type}: {reason}")
     result = backend.optimize(model, level, sample_input=sample_input, inplace=inplace,
-                              strict=strict)
+                              strict=strict, quantize=quantize)
     started = time.perf_counter()
     try:
         wrapped = _WRAPPERS[name](result.model, context)

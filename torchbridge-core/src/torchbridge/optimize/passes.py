@@ -28,6 +28,9 @@ class PassContext:
     device_info: DeviceInfo
     training: bool
     sample_input: Any = None
+    # The quantization mode asked for (prepare_model(quantize=...) or config
+    # optimization.quantize): "int8", "int8_weight_only", "int4_weight_only", "float8".
+    quantize: str | None = None
     state: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -66,6 +69,12 @@ class OptimizationPass:
     ("no effect: ..."), and the settings it changed are put back. Without `effect`, the
     pipeline takes what it observes right after apply: a pass that changed nothing in the
     model, the watched settings or `ctx.state` is reported skipped.
+
+    `output_check(reference, output)`: for passes that change what the model computes on
+    purpose (quantization), the check of its output against O0's on the sample input
+    instead of the level's tolerance, for this pass and every check after it in the run.
+    It returns None when the output passes, else what failed with the figures; either
+    way it may append its figures to the run's notes through the pass's apply.
     """
 
     name: str
@@ -79,6 +88,7 @@ class OptimizationPass:
     veto_reason: str | None = None
     settings: tuple[ProcessSetting, ...] = ()
     effect: Callable[[nn.Module, PassContext], str | None] | None = None
+    output_check: Callable[[Any, Any], str | None] | None = None
 
     @classmethod
     def veto(cls, name: str, reason: str) -> OptimizationPass:

@@ -4,7 +4,9 @@ what cannot run (float64 without fp64), then run them (optimize/run.py) and meas
 from __future__ import annotations
 
 import copy
+import difflib
 import logging
+import typing
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from torchbridge.config import QuantizeMode
 from torchbridge.errors import (
     ConfigurationError,
     ModelOptimizationError,
@@ -29,12 +32,14 @@ from torchbridge.optimize.report import OptimizationResult, attach_result
 from torchbridge.optimize.run import Run
 from torchbridge.optimize.settings import ProcessSetting
 from torchbridge.plugins import get_plugin_host
+from torchbridge.progress import progress
 from torchbridge.types import DeviceInfo
 
 if TYPE_CHECKING:
     from torchbridge.backend import Backend
 
 logger = logging.getLogger(__name__)
+QUANTIZE_MODES: tuple[str, ...] = typing.get_args(QuantizeMode)
 
 
 @dataclass
@@ -73,6 +78,9 @@ def _pass_problem(p: object) -> str | None:
                f"{p.settings!r:.80}"
     if p.effect is not None and not callable(p.effect):
         return f"pass {p.name!r}: effect must be callable or None, got {p.effect!r}"
+    if p.output_check is not None and not callable(p.output_check):
+        return f"pass {p.name!r}: output_check must be callable or None, got " \
+               f"{p.output_check!r}"
     return None
 
 
@@ -163,14 +171,31 @@ def refuse_float64(model: nn.Module, sample_input: Any, info: DeviceInfo) -> Non
             "model and its inputs with .float() (or .to(torch.float32)) first")
 
 
+def quantize_mode(backend: Backend, quantize: Any) -> str | None:
+    """The quantization mode of a run: `quantize` as given (False: none, whatever the
+    config says), else config optimization.quantize. An unknown mode is refused, naming
+    the modes there are."""
+    if quantize is None:
+        quantize = backend.config.optimization.quantize
+    if quantize is None or quantize is False:
+        return None
+    if quantize not in QUANTIZE_MODES:
+        close = difflib.get_close_matches(str(quantize), QUANTIZE_MODES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigurationError(f"quantize={quantize!r} is not a quantization mode "
+                                 f"(modes: {', '.join(QUANTIZE_MODES)}){hint}")
+    return str(quantize)
+
+
 def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input: Any = None,
-                 measure: bool = False, inplace: bool = False, strict: bool | None = None
-                 ) -> OptimizationResult:
+                 measure: bool = False, inplace: bool = False, strict: bool | None = None,
+                 quantize: Any = None) -> OptimizationResult:
     if not isinstance(model, nn.Module):
         raise ModelOptimizationError(f"expected a torch.nn.Module, got {type(model).__name__}")
     level = OptimizationLevel.parse(backend.config.optimization_level if level is None
                                     else level)
     strict = backend.config.strict if strict is None else strict
+    mode = quantize_mode(backend, quantize)
     if measure and sample_input is None:
         raise ModelOptimizationError("measure=True needs sample_input to run the model")
     notes: list[str] = []
@@ -183,7 +208,7 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     work = model if inplace else _copy(model, "prepare_model works on a copy")
     result = OptimizationResult(model=work, backend=backend.name, level=level, notes=notes)
     ctx = PassContext(backend=backend, level=level, config=backend.config, device_info=info,
-                      training=model.training, sample_input=sample_input)
+                      training=model.training, sample_input=sample_input, quantize=mode)
     ctx.state["measure"] = measure
     collected = collect_passes(backend, level)
     result.notes.extend(collected.problems)
@@ -191,8 +216,10 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
         raise ModelOptimizationError("; ".join(collected.problems))
     run = Run(work, ctx, result, call, LEVEL_TOLERANCE[level.value], strict)
     try:
-        for plugin, p in collected.passes:
-            run.run(plugin, p)
+        with progress(len(collected.passes), f"prepare_model {level.value}") as bar:
+            for plugin, p in collected.passes:
+                bar.step(p.name)
+                run.run(plugin, p)
         result.notes.extend(ctx.notes)
         run.check_effects()
         run.settle_settings()

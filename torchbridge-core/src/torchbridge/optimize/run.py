@@ -55,10 +55,16 @@ def _run_sample(model: nn.Module, call: Callable[[nn.Module], Any]) -> Any:
         return call(model)
 
 
+OutputCheck = Callable[[Any, Any], "str | None"]
+
+
 def _verify(model: nn.Module, call: Callable[[nn.Module], Any], reference: Any,
-            tolerance: float) -> tuple[float, float]:
+            tolerance: float, output_check: OutputCheck | None = None
+            ) -> tuple[float, float]:
     """(max abs drift, max rel drift) of the model's output against the reference; raises
-    _Unverified when its output is no drop-in for the reference."""
+    _Unverified when its output is no drop-in for the reference: beyond the level's
+    tolerance, or, once a pass with its own `output_check` (quantization) has been
+    applied, failing that check."""
     out = _run_sample(model, call)
     state = compile_state(model)
     if state is not None and state.error is not None:
@@ -68,6 +74,11 @@ def _verify(model: nn.Module, call: Callable[[nn.Module], Any], reference: Any,
         max_abs, max_rel = output_drift(reference, out)
     except ValueError as exc:
         raise _Unverified(str(exc)) from None
+    if output_check is not None:
+        failed = output_check(reference, out)
+        if failed is not None:
+            raise _Unverified(failed)
+        return max_abs, max_rel
     if not max_rel <= tolerance:
         raise _Unverified(f"output drift {max_rel:.3g} (max abs {max_abs:.3g}) exceeds the "
                           f"level's tolerance {tolerance:g}")
@@ -111,6 +122,7 @@ class _Applied:
     before: ModelSnapshot
     changes: ModelChanges
     record: int  # its index in result.passes
+    output_check: OutputCheck | None  # the run's output check before this pass
     effective: bool = True
 
 
@@ -124,6 +136,9 @@ class Run:
         self.work, self.ctx, self.result = work, ctx, result
         self.call, self.tolerance, self.strict = call, tolerance, strict
         self.applied: list[_Applied] = []
+        # The check of outputs against O0: the level's tolerance, or the output_check of
+        # the last applied pass that brought one (quantization's accuracy gate).
+        self.output_check: OutputCheck | None = None
         self.scoping: ModelSnapshot | None = None  # before the scoped-settings forward
         self.reference: Any = None
         self.have_reference = False
@@ -168,8 +183,10 @@ class Run:
                     not _state_changed(saved_state, ctx.state):
                 raise PassSkipped("apply changed nothing: not the model, not a process-wide "
                                   "setting, not the run's state")
+            check = p.output_check or self.output_check
             if self.have_reference and (changes.model or changes.settings):
-                _verify(out, self.call, self.reference, self.tolerance)  # type: ignore[arg-type]
+                _verify(out, self.call, self.reference, self.tolerance,  # type: ignore[arg-type]
+                        check)
         except BaseException as exc:
             ctx.state.clear()
             ctx.state.update(saved_state)
@@ -187,9 +204,12 @@ class Run:
             return
         self.work = out
         self.last, self.unchanged = before, changes.unchanged
-        self.applied.append(_Applied(plugin, p, before, changes, len(result.passes)))
-        result.passes.append(PassRecord(p.name, "applied", p.description, plugin,
-                                        time.perf_counter() - started))
+        self.applied.append(_Applied(plugin, p, before, changes, len(result.passes),
+                                     self.output_check))
+        self.output_check = check
+        seconds = time.perf_counter() - started
+        result.passes.append(PassRecord(p.name, "applied", p.description, plugin, seconds))
+        logger.info("pass %s (plugin %s) applied in %.2f s", p.name, plugin, seconds)
 
     def _failed(self, plugin: str, p: OptimizationPass, exc: BaseException) -> None:
         if isinstance(exc, PassSkipped):
@@ -276,7 +296,7 @@ class Run:
         while True:
             try:
                 max_abs, max_rel = _verify(self.work, self.call, self.reference,
-                                           self.tolerance)
+                                           self.tolerance, self.output_check)
                 self.result.max_abs_diff, self.result.max_rel_diff = max_abs, max_rel
                 return
             except Exception as exc:
@@ -304,6 +324,7 @@ class Run:
         entry = self.applied.pop()
         entry.before.restore()
         self.work = entry.before.model
+        self.output_check = entry.output_check
         return entry
 
     def undo_all(self) -> str | None:
@@ -320,6 +341,7 @@ class Run:
             except SnapshotRestoreError as exc:
                 problems.append(f"after pass {entry.p.name} (plugin {entry.plugin}): {exc}")
             self.work = entry.before.model
+            self.output_check = entry.output_check
         return "; ".join(problems) or None
 
 

@@ -98,45 +98,6 @@ def test_prepared_model_still_trains(level: str) -> None:
     assert losses[-1] < 0.7 * losses[0], losses
 
 
-def test_compile_is_skipped_where_measurement_says_it_cannot_pay(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The decision, from injected measurements (the real ones depend on the machine and
-    its load): at 2/3 or more of an eager call in library kernels compile is skipped."""
-    from torchbridge.builtin.cpu import passes as cpu_passes
-
-    measured = {"share": 0.9}
-    monkeypatch.setattr(cpu_passes, "library_time_share",
-                        lambda model, call: (measured["share"], "aten::addmm 90%"))
-    backend = torchbridge.get_backend("cpu", TorchBridgeConfig(precision="float32"))
-    gemm = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)).eval()
-    x = torch.randn(8, 64)
-    skipped = {p.name: p.detail for p in backend.optimize(gemm, "O2", sample_input=x).skipped}
-    assert skipped["compile"].startswith("measured on the sample input: 90% ")
-    assert "aten::addmm" in skipped["compile"] and "could save at most 10%" in skipped["compile"]
-
-    measured["share"] = 0.3  # convolutions, say: compiling them pays
-    result = backend.optimize(gemm, "O2", sample_input=x)
-    assert "compile" in result.optimizations_applied
-    assert "compile_value_check" in result.optimizations_applied
-
-    without_sample = {p.name: p.detail for p in backend.optimize(gemm, "O2").skipped}
-    assert without_sample["compile_value_check"] == "needs sample_input to measure the model"
-    measured["share"] = 0.9
-    forced = torchbridge.get_backend("cpu", TorchBridgeConfig(
-        precision="float32", optimization={"disabled_passes": ["compile_value_check"]}))
-    assert "compile" in forced.optimize(gemm, "O2", sample_input=x).optimizations_applied
-
-
-def test_library_time_share_measures_the_library_ops() -> None:
-    """The measurement itself, without a decision on its figure: a share in [0, 1] that
-    names the matmul op of a Linear model."""
-    from torchbridge.builtin.cpu.passes import library_time_share
-
-    gemm = torch.nn.Sequential(torch.nn.Linear(256, 256)).eval()
-    share, ops = library_time_share(gemm, lambda m: m(torch.randn(32, 256)))
-    assert 0.0 <= share <= 1.0 and "aten::addmm" in ops
-
-
 class _Lines(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)

@@ -16,13 +16,15 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 from torch import nn
 
+from torchbridge.errors import ConfigurationError
 from torchbridge.levels import OptimizationLevel
-from torchbridge.optimize import folding
+from torchbridge.optimize import folding, settings
 from torchbridge.optimize.forward import autocast_forward, compile_state, compiled_forward
 from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
@@ -179,18 +181,47 @@ def _compile_check(model: nn.Module, ctx: PassContext) -> str | None:
     return reason
 
 
+def use_cache_dir(folder: str) -> str:
+    """Inductor's caches in `folder` from now on (created if missing); its absolute path."""
+    path = os.path.abspath(os.path.expanduser(folder))
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(f"config optimization.compile_cache_dir {folder!r} cannot be "
+                                 f"used as a folder: {exc}") from exc
+    if os.environ.get(COMPILE_CACHE_DIR_VARIABLE) != path:
+        from torch._inductor.utils import clear_caches
+
+        settings.put(settings.COMPILE_CACHE_DIR, path)
+        clear_caches()  # in-memory caches keyed on the old folder
+    return path
+
+
+COMPILE_CACHE_DIR_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+
+
 def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
+    cache = ctx.config.optimization.compile_cache_dir
+    if cache is not None:
+        where = use_cache_dir(cache)
+        ctx.notes.append(f"compile: inductor's caches in {where} (config "
+                         "optimization.compile_cache_dir): another process preparing the "
+                         "same model reuses what this one compiled")
     options: dict[str, Any] = dict(ctx.state.get("compile_options", {}))
     backend: str = ctx.state.get("compile_backend", "inductor")
     # torch.compile(options={"freezing": True}) compiles without freezing (seen on torch
     # 2.13: the generated code still takes every weight as an input); inductor reads
     # freezing from its global config when it compiles, so the forward sets it there
     # around its compiled calls (tests/test_passes_cpu.py checks the weights are folded).
-    inductor_config = {"freezing": options.pop("freezing")} if "freezing" in options \
-        else None
+    # Inductor settings earlier passes chose (ctx.state["inductor_config"], dotted names for
+    # its sections: "cpp.weight_prepack"), and freezing, which plugins may still put among
+    # the options.
+    inductor_config = dict(ctx.state.get("inductor_config", {}))
+    if "freezing" in options:
+        inductor_config["freezing"] = options.pop("freezing")
     compiled_forward(model, lambda fn: torch.compile(fn, backend=backend,
                                                      options=options or None),
-                     inductor_config, options)
+                     inductor_config or None, options)
     when = "compiled on the sample input inside prepare_model" if ctx.sample_input is not None \
         else "the first call compiles; if that fails the model runs uncompiled, with a warning"
     settings = f", inductor config {inductor_config}" if inductor_config else ""
@@ -258,5 +289,6 @@ def core_passes() -> list[OptimizationPass]:
                          _low_precision_weights, _weights_check, mode="inference",
                          order=62),
         OptimizationPass("compile", "torch.compile with inductor", o2, _compile,
-                         _compile_check, order=80, mutates=False, effect=compiled),
+                         _compile_check, order=80, mutates=False, effect=compiled,
+                         settings=(settings.COMPILE_CACHE_DIR,)),
     ]

@@ -103,6 +103,7 @@ class CompileState:
                  inductor_config: dict[str, Any] | None = None) -> None:
         self.error: BaseException | None = None
         self.signature: tuple[int, frozenset[str]] | None = None
+        self.bypass = False  # calls run the uncompiled forward (timing it against this)
         self.options = dict(options or {})
         self.inductor_config = dict(inductor_config or {})
 
@@ -141,7 +142,7 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
             signature = call_signature(args, kwargs)
             if state.signature is None:
                 state.signature = signature
-            if state.error is not None or signature != state.signature:
+            if state.error is not None or state.bypass or signature != state.signature:
                 return inner(*args, **kwargs)
             try:
                 with _patched_inductor(inductor_config):
@@ -169,14 +170,32 @@ def _patched_inductor(settings: dict[str, Any] | None) -> Iterator[None]:
         return
     import torch._inductor.config as inductor_config
 
-    saved = {name: getattr(inductor_config, name) for name in settings}
-    for name, value in settings.items():
-        setattr(inductor_config, name, value)
+    # Dotted names ("cpp.weight_prepack") are settings of inductor's nested sections.
+    places = [(_section(inductor_config, name), name.rpartition(".")[2]) for name in settings]
+    saved = [getattr(owner, attr) for owner, attr in places]
+    for (owner, attr), value in zip(places, settings.values(), strict=True):
+        setattr(owner, attr, value)
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(inductor_config, name, value)
+        for (owner, attr), value in zip(places, saved, strict=True):
+            setattr(owner, attr, value)
+
+
+def _section(config: Any, name: str) -> Any:
+    for part in name.split(".")[:-1]:
+        config = getattr(config, part)
+    return config
+
+
+@contextlib.contextmanager
+def uncompiled(state: CompileState) -> Iterator[None]:
+    """Calls inside run the forward the model had before it was compiled."""
+    state.bypass = True
+    try:
+        yield
+    finally:
+        state.bypass = False
 
 
 def compile_state(model: nn.Module) -> CompileState | None:

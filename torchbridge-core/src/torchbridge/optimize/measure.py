@@ -130,26 +130,68 @@ def median_latency(fn: Callable[[], Any], synchronize: Callable[[], None], *, wa
     return statistics.median(samples)
 
 
+# How one call is timed: timer(label, fn) runs fn once and returns its seconds. The label
+# names the candidate ("O0", "prepared", ...): tests inject a timer that answers by label,
+# so that a decision made from a measurement is tested without depending on the machine.
+Timer = Callable[[str, Callable[[], Any]], float]
+
+
+def wall_timer(synchronize: Callable[[], None]) -> Timer:
+    """The real timer: wall time of fn() until the device has finished it."""
+    def time_call(label: str, fn: Callable[[], Any]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        synchronize()
+        return time.perf_counter() - t0
+    return time_call
+
+
+def round_robin(candidates: dict[str, Callable[[], Any]], timer: Timer, *, warmup: int = 3,
+                repeats: int = 10, min_seconds: float = 0.2, max_repeats: int | None = None,
+                margin: float = 0.05) -> dict[str, float]:
+    """Median seconds of each candidate, sampled round-robin so that drift in machine state
+    (thread pools waking, caches, frequency, a noisy neighbour) falls on all alike.
+    Sampling goes on past `repeats` rounds until the samples add up to `min_seconds`
+    (counted from the samples, not a clock, so that an injected timer decides it too).
+
+    With `max_repeats`, sampling stops early once the fastest median leads the next by more
+    than `margin`, and goes on to `max_repeats` rounds while they are closer: a clear
+    winner costs few calls of the model, a close race gets more samples."""
+    cap = max(max_repeats or repeats, repeats)
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for fn in candidates.values():
+                fn()
+        samples: dict[str, list[float]] = {label: [] for label in candidates}
+        total, rounds = 0.0, 0
+        while True:
+            for label, fn in candidates.items():
+                seconds = timer(label, fn)
+                samples[label].append(seconds)
+                total += max(seconds, 0.0)
+            rounds += 1
+            if rounds >= 100 * repeats:
+                break  # a timer that answers 0: enough rounds
+            if rounds < repeats or total < min_seconds:
+                continue
+            if rounds >= cap or _decided(samples, margin):
+                break
+    return {label: statistics.median(bucket) for label, bucket in samples.items()}
+
+
+def _decided(samples: dict[str, list[float]], margin: float) -> bool:
+    medians = sorted(statistics.median(bucket) for bucket in samples.values())
+    return len(medians) < 2 or medians[1] > medians[0] * (1 + margin)
+
+
 def interleaved_latency(fns: list[Callable[[], Any]], synchronize: Callable[[], None], *,
                         warmup: int = 3, repeats: int = 10, min_seconds: float = 0.2
                         ) -> list[float]:
-    """Median seconds of each fn, sampled round-robin so that drift in machine state
-    (thread pools waking, caches, frequency, a noisy neighbour) falls on all alike.
-    Sampling goes on past `repeats` rounds until `min_seconds` have passed."""
-    with torch.inference_mode():
-        for _ in range(warmup):
-            for fn in fns:
-                fn()
-        synchronize()
-        samples: list[list[float]] = [[] for _ in fns]
-        started = time.perf_counter()
-        while len(samples[0]) < repeats or time.perf_counter() - started < min_seconds:
-            for fn, bucket in zip(fns, samples, strict=True):
-                t0 = time.perf_counter()
-                fn()
-                synchronize()
-                bucket.append(time.perf_counter() - t0)
-    return [statistics.median(bucket) for bucket in samples]
+    """Median seconds of each fn, sampled round-robin (round_robin with the wall timer)."""
+    named = {str(i): fn for i, fn in enumerate(fns)}
+    seconds = round_robin(named, wall_timer(synchronize), warmup=warmup, repeats=repeats,
+                          min_seconds=min_seconds)
+    return [seconds[str(i)] for i in range(len(fns))]
 
 
 def compare_latency(baseline: Callable[[], Any], candidate: Callable[[], Any],

@@ -22,11 +22,9 @@ from torchbridge.errors import (
     UnsupportedDtypeError,
 )
 from torchbridge.levels import LEVEL_TOLERANCE, OptimizationLevel
-from torchbridge.optimize.measure import (
-    compare_latency,
-    preserved_state,
-    sample_call,
-)
+from torchbridge.optimize import fastest
+from torchbridge.optimize.fastest import keep_fastest
+from torchbridge.optimize.measure import Timer, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 from torchbridge.optimize.report import OptimizationResult, attach_result
 from torchbridge.optimize.run import Run
@@ -187,9 +185,17 @@ def quantize_mode(backend: Backend, quantize: Any) -> str | None:
     return str(quantize)
 
 
+def _on_device(model: nn.Module, device: torch.device) -> bool:
+    return all(t.device.type == device.type and (device.index is None or t.device == device)
+               for t in [*model.parameters(), *model.buffers()])
+
+
 def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input: Any = None,
                  measure: bool = False, inplace: bool = False, strict: bool | None = None,
-                 quantize: Any = None) -> OptimizationResult:
+                 quantize: Any = None, timer: Timer | None = None) -> OptimizationResult:
+    """The report of one prepare_model run (Backend.optimize documents the arguments).
+    `timer` times one call for the keep-the-faster decision (tests inject one; default:
+    wall time)."""
     if not isinstance(model, nn.Module):
         raise ModelOptimizationError(f"expected a torch.nn.Module, got {type(model).__name__}")
     level = OptimizationLevel.parse(backend.config.optimization_level if level is None
@@ -203,8 +209,18 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     refuse_float64(model, sample_input, info)
     call = sample_call(backend, sample_input) if sample_input is not None else None
 
-    baseline = _copy(model, "measure=True times the unprepared model against the prepared "
-                     "one").to(backend.device) if measure else None
+    # With a sample input, O2 and O3 time the prepared model against O0 and keep the
+    # faster (optimize/fastest.py); measure=True times at every level. In training mode
+    # only measure=True times (a forward is not a training step: no decision from it).
+    timing = call is not None and (measure or (level >= OptimizationLevel.O2
+                                               and not model.training))
+    baseline = None
+    if timing:
+        # O0 to time against: the caller's own model when it is untouched by the run and
+        # already on the device (no copy), else a copy placed there.
+        baseline = model if not inplace and _on_device(model, backend.device) else _copy(
+            model, "prepare_model times the model as given against the prepared one"
+        ).to(backend.device)
     work = model if inplace else _copy(model, "prepare_model works on a copy")
     result = OptimizationResult(model=work, backend=backend.name, level=level, notes=notes)
     ctx = PassContext(backend=backend, level=level, config=backend.config, device_info=info,
@@ -225,13 +241,11 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
         run.settle_settings()
         run.final_check()
         work = result.model = run.work
+        if baseline is not None:
+            keep_fastest(run, baseline, timer or fastest.default_timer(backend.synchronize),
+                         decide=not model.training)
+            work = result.model = run.work
         result.kernel_substitutions = ctx.state.get("kernel_substitutions", [])
-        if measure and baseline is not None:
-            assert call is not None
-            with preserved_state(baseline), preserved_state(work):
-                result.baseline_seconds, result.optimized_seconds = compare_latency(
-                    lambda: call(baseline), lambda: call(work), backend.synchronize)
-            result.speedup = result.baseline_seconds / result.optimized_seconds
     except BaseException as exc:
         # Whatever failed after passes ran: the model as it was (the caller's own object
         # when inplace), the process-wide settings as they were, and a TorchBridge error.

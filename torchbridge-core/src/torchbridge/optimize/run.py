@@ -238,7 +238,7 @@ class Run:
         """Each applied pass with an `effect` shows it on the prepared model; one that does
         not is reported skipped, and the settings it changed are put back."""
         for entry in self.applied:
-            if entry.p.effect is None:
+            if entry.p.effect is None or not entry.effective:
                 continue
             try:
                 missing = entry.p.effect(self.work, self.ctx)

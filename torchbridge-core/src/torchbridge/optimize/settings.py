@@ -111,6 +111,12 @@ ONEDNN_TF32 = attribute_setting("torch.backends.mkldnn.allow_tf32",
 BLAS_LIBRARY = function_setting("torch.backends.cuda.preferred_blas_library")
 ROCM_FLASH_LIBRARY = function_setting("torch.backends.cuda.preferred_rocm_fa_library")
 
+# Where inductor keeps compiled artifacts (its FX graph and autograd caches): the compile
+# pass sets it from config optimization.compile_cache_dir.
+COMPILE_CACHE_DIR = environment_setting(
+    "TORCHINDUCTOR_CACHE_DIR", "inductor reads its cache folder from the environment when "
+    "it compiles, for every model of the process")
+
 # Read before and after every pass, whether a pass declares them or not; put back in this
 # order (the fp32_precision attributes first: writing a legacy flag after them would mix
 # the two APIs, which torch then refuses to read).

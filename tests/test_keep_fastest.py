@@ -1,0 +1,125 @@
+"""Keep the faster (optimize/fastest.py): with a sample input, O2/O3 time the prepared model
+against O0 (and against itself uncompiled) and return the fastest. The decision is tested
+with an injected timer that answers by candidate: no test here depends on how fast this
+machine is."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torchbridge
+from torchbridge.optimize.pipeline import run_pipeline
+
+
+def _timer(costs: dict[str, float], seen: list[str] | None = None
+           ) -> Callable[[str, Callable[[], Any]], float]:
+    def time_call(label: str, fn: Callable[[], Any]) -> float:
+        fn()  # the candidate still runs: the decision is the only thing faked
+        if seen is not None:
+            seen.append(label)
+        return costs[label]
+    return time_call
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 8)).eval()
+
+
+@pytest.fixture(scope="module")
+def backend() -> Any:
+    return torchbridge.get_backend("cpu")
+
+
+def test_o0_is_returned_when_the_prepared_model_times_slower(backend: Any) -> None:
+    model, x = _mlp(), torch.randn(4, 32)
+    expected = model(x)
+    result = run_pipeline(backend, model, "O2", sample_input=x,
+                          timer=_timer({"O0": 1.0, "prepared": 2.0, "uncompiled": 1.5}))
+    prepared = result.model
+    assert "forward" not in prepared.__dict__  # no autocast or compiled forward left
+    assert all(p.dtype == torch.float32 for p in prepared.parameters())
+    torch.testing.assert_close(prepared(x), expected, rtol=0, atol=0)
+    status = {p.name: (p.status, p.detail) for p in result.passes}
+    assert status["device_placement"][0] == "applied"
+    for name in ("autocast", "compile"):
+        assert status[name][0] == "skipped"
+        assert status[name][1].startswith("undone after timing: timed on the sample input")
+    assert any("O0 was the fastest" in n and "O0 1000 ms" in n and "prepared 2000 ms" in n
+               for n in result.notes), result.notes
+    assert result.speedup == 1.0 and result.baseline_seconds == 1.0
+
+
+def test_compile_is_undone_when_the_uncompiled_forward_times_faster(backend: Any) -> None:
+    model, x = _mlp(), torch.randn(4, 32)
+    result = run_pipeline(backend, model, "O3", sample_input=x,
+                          timer=_timer({"O0": 3.0, "prepared": 2.0, "uncompiled": 1.0}))
+    status = {p.name: (p.status, p.detail) for p in result.passes}
+    assert status["compile"][0] == "skipped" and "undone after timing" in status["compile"][1]
+    assert status["autocast"][0] == "applied"
+    assert status["low_precision_weights"][0] == "applied"
+    # Freezing was an option of compile: without compile it has no effect, and says so.
+    assert status["inference_freezing"][0] == "skipped"
+    assert "no effect" in status["inference_freezing"][1]
+    assert torchbridge.optimize.forward.compile_state(result.model) is None
+    assert result.speedup == 3.0
+    assert any("uncompiled was the fastest" in n for n in result.notes)
+
+
+def test_the_prepared_model_is_kept_when_it_times_fastest(backend: Any) -> None:
+    seen: list[str] = []
+    model, x = _mlp(), torch.randn(4, 32)
+    result = run_pipeline(backend, model, "O2", sample_input=x,
+                          timer=_timer({"O0": 2.0, "prepared": 1.0, "uncompiled": 1.5}, seen))
+    assert "compile" in result.optimizations_applied
+    assert result.speedup == 2.0 and result.optimized_seconds == 1.0
+    # Round-robin: every round times each candidate once, in the same order.
+    assert seen[:3] == ["O0", "prepared", "uncompiled"] and len(seen) % 3 == 0
+    assert any("kept the prepared model" in n for n in result.notes)
+
+
+def test_inplace_o0_kept_leaves_the_callers_model_as_given(backend: Any) -> None:
+    model, x = _mlp(), torch.randn(4, 32)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    result = run_pipeline(backend, model, "O2", sample_input=x, inplace=True,
+                          timer=_timer({"O0": 1.0, "prepared": 5.0, "uncompiled": 4.0}))
+    assert result.model is model and "forward" not in model.__dict__
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, weights[key]) and value.dtype == weights[key].dtype
+
+
+def test_no_timing_without_a_sample_input_or_below_o2(backend: Any) -> None:
+    def never(label: str, fn: Callable[[], Any]) -> float:
+        raise AssertionError("timed without reason")
+
+    model, x = _mlp(), torch.randn(4, 32)
+    assert run_pipeline(backend, model, "O2", timer=never).speedup is None
+    assert run_pipeline(backend, model, "O1", sample_input=x, timer=never).speedup is None
+
+
+def test_training_mode_is_measured_only_with_measure(backend: Any) -> None:
+    model, x = _mlp().train(), torch.randn(4, 32)
+    timer = _timer({"O0": 1.0, "prepared": 9.0, "uncompiled": 9.0})
+    assert run_pipeline(backend, model, "O2", sample_input=x, timer=timer).speedup is None
+    measured = run_pipeline(backend, model, "O2", sample_input=x, measure=True, timer=timer)
+    assert "autocast" in measured.optimizations_applied  # no decision from a forward
+    assert measured.speedup == pytest.approx(1 / 9)
+    assert any("measured only" in n for n in measured.notes)
+
+
+def test_a_clear_winner_costs_few_rounds_a_close_race_more() -> None:
+    from torchbridge.optimize.measure import round_robin
+
+    def count(costs: dict[str, float]) -> int:
+        seen: list[str] = []
+        round_robin({label: (lambda: None) for label in costs}, _timer(costs, seen),
+                    warmup=0, repeats=3, max_repeats=9, min_seconds=0.0)
+        return len(seen) // len(costs)
+
+    assert count({"a": 1.0, "b": 2.0}) == 3
+    assert count({"a": 1.0, "b": 1.01}) == 9
+    assert count({"a": 1.0}) == 3

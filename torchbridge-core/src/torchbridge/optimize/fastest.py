@@ -1,0 +1,113 @@
+"""Keep the faster: with a sample input, the prepared model is timed against O0 (and, when
+it is compiled, against itself uncompiled) on that input, round-robin in one process, and
+the fastest is what prepare_model returns. Whether compiling pays is therefore decided by
+what this machine measures, not by a rule tuned on another one: on a CPU without AMX a
+transformer's matmuls leave compiling little to gain, with AMX much more.
+
+The passes a faster candidate leaves out are undone (from the last, as any undo) and
+reported skipped with the figures."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from torchbridge.optimize.forward import compile_state, uncompiled
+from torchbridge.optimize.measure import Timer, preserved_state, round_robin, wall_timer
+from torchbridge.optimize.report import PassRecord
+
+if TYPE_CHECKING:
+    from torchbridge.optimize.run import Run
+
+logger = logging.getLogger("torchbridge.optimize.pipeline")
+
+# Few calls of the model when one candidate is clearly the fastest (a warm-up round and
+# 3 timed rounds: 12 calls for 3 candidates), up to 9 rounds when the two fastest are
+# within 5%: timing stays a small part of preparing, and a close race gets a median that
+# one noisy sample does not decide. At least 0.3 s of samples for models that run in
+# microseconds.
+WARMUP, REPEATS, MAX_REPEATS, MIN_SECONDS = 1, 3, 9, 0.3
+COMPILE_PASS = "compile"
+
+
+def default_timer(synchronize: Callable[[], None]) -> Timer:
+    """The timer prepare_model decides with: wall time. (A test suite whose tests are not
+    about this decision replaces it, so that their outcome does not hang on the machine's
+    speed: tests/conftest.py.)"""
+    return wall_timer(synchronize)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4g} ms"
+
+
+def time_candidates(run: Run, baseline: nn.Module, timer: Timer) -> dict[str, float]:
+    """Median seconds on the sample input of "O0" (the model as given, placed), "prepared"
+    and, when the prepared model runs compiled, "uncompiled" (the same model, its forward
+    before compile). Eval mode; the models' buffers and the RNG are left as they were."""
+    call = run.call
+    assert call is not None
+    work = run.work
+    candidates: dict[str, Callable[[], Any]] = {
+        "O0": lambda: call(baseline), "prepared": lambda: call(work)}
+    state = compile_state(work)
+    if state is not None and state.error is None and _applied(run, COMPILE_PASS):
+        def without_compile() -> Any:
+            with uncompiled(state):
+                return call(work)
+        candidates["uncompiled"] = without_compile
+    with ExitStack() as stack:
+        for model in {id(baseline): baseline, id(work): work}.values():
+            stack.enter_context(preserved_state(model))
+            model.eval()
+        return round_robin(candidates, timer, warmup=WARMUP, repeats=REPEATS,
+                           max_repeats=MAX_REPEATS, min_seconds=MIN_SECONDS)
+
+
+def _applied(run: Run, name: str) -> bool:
+    return any(entry.p.name == name and entry.effective for entry in run.applied)
+
+
+def keep_fastest(run: Run, baseline: nn.Module, timer: Timer, decide: bool = True) -> None:
+    """Times the candidates and keeps the fastest: passes undone as needed, the report's
+    speedup and notes say what was measured and kept. decide=False: measured only."""
+    seconds = time_candidates(run, baseline, timer)
+    kept = min(seconds, key=lambda label: seconds[label]) if decide else "prepared"
+    result = run.result
+    figures = ", ".join(f"{label} {_ms(s)}" for label, s in seconds.items())
+    why = f"timed on the sample input ({figures})"
+    if not decide:
+        result.notes.append(f"{why}: measured only (the model is in training mode)")
+    elif kept == "prepared":
+        result.notes.append(f"{why}: kept the prepared model")
+    else:
+        stop = (lambda entry: entry.p.name == COMPILE_PASS) if kept == "uncompiled" else None
+        undone = _undo(run, stop, why)
+        what = "its forward uncompiled" if kept == "uncompiled" else "O0 (as given, placed)"
+        result.notes.append(f"{why}: {kept} was the fastest, so prepare_model returns "
+                            f"{what}; undone: {', '.join(undone)}")
+        logger.info("prepare_model kept %s: %s; undone: %s", kept, figures,
+                    ", ".join(undone))
+        run.check_effects()
+        run.settle_settings()
+        run.final_check()
+    result.baseline_seconds, result.optimized_seconds = seconds["O0"], seconds[kept]
+    result.speedup = seconds["O0"] / seconds[kept] if seconds[kept] > 0 else None
+
+
+def _undo(run: Run, stop: Callable[[Any], bool] | None, why: str) -> list[str]:
+    """Undo applied passes from the last: through the one `stop` matches, or (stop None)
+    every pass after placement (order above 0). Their records say so."""
+    undone: list[str] = []
+    while run.applied and run.applied[-1].p.order > 0:
+        entry = run.undo_last()
+        undone.append(entry.p.name)
+        run.result.passes[entry.record] = PassRecord(
+            entry.p.name, "skipped", f"undone after timing: {why}", entry.plugin)
+        if stop is not None and stop(entry):
+            break
+    return undone

@@ -42,7 +42,8 @@ def test_doctor_reports_a_bad_config_instead_of_crashing(monkeypatch: pytest.Mon
     monkeypatch.setenv("TORCHBRIDGE_STRICT", "maybe")
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    assert "strict = 'maybe' (from environment variable TORCHBRIDGE_STRICT)" in out
+    assert ("config key 'strict' must be true or false, got 'maybe' (from environment "
+            "variable TORCHBRIDGE_STRICT)") in out
 
 
 def test_console_script_runs() -> None:
@@ -75,7 +76,7 @@ MISTAKES = [
     (["validate", "--backends", "cpu,example:5"], "example has 2 device(s); index 5"),
     (["bench", "--models", "resnet"], "not in the reference suite"),
     (["bench", "--models", "vgg"], "invalid choice: 'vgg'"),
-    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["frobnicate"], "unknown command 'frobnicate'; the commands are doctor, bench"),
 ]
 
 

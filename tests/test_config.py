@@ -86,12 +86,12 @@ def test_unknown_keys_are_rejected_everywhere(monkeypatch: pytest.MonkeyPatch) -
 
 def test_bad_assignment_raises_and_changes_nothing() -> None:
     config = TorchBridgeConfig.load()
-    with pytest.raises(ConfigurationError, match=r"hardware\.cpu\.num_threads = 0 \(from "
-                       r"assignment\)"):
+    with pytest.raises(ConfigurationError, match=r"^config key 'hardware\.cpu\.num_threads' "
+                       r"must be a whole number from 1 to 4096, got 0 \(from assignment\)"):
         config.hardware.cpu.num_threads = 0
     assert config.hardware.cpu.num_threads is None
-    with pytest.raises(ConfigurationError, match=r"^invalid TorchBridge configuration: "
-                       r"memory\.max_memory_fraction = 2"):
+    with pytest.raises(ConfigurationError, match=r"^config key 'memory\.max_memory_fraction' "
+                       r"must be a number above 0 and at most 1, got 2 \(from assignment\)$"):
         config.memory.max_memory_fraction = 2
     assert config.memory.max_memory_fraction is None
     config.optimization_level = "conservative"
@@ -163,13 +163,14 @@ def test_section_rules_for_plugins_are_exported_and_applied(reload_plugins: None
     torchbridge.register_plugin(TypedSections(), name="typed_sections")
     config = TorchBridgeConfig.load()
     assert isinstance(config.hardware.plainsec, Plain)
-    with pytest.raises(ConfigurationError, match=r"hardware\.plainsec\.dpeth.*plugin "
+    with pytest.raises(ConfigurationError, match=r"unknown config key 'hardware\.plainsec\."
+                       r"dpeth'.*did you mean 'hardware\.plainsec\.depth'\?.*plugin "
                        "plain_sections"):
         TorchBridgeConfig(hardware={"plainsec": {"dpeth": 4}})
     with pytest.raises(ConfigurationError, match=r"hardware\.plainsec\.depth"):
         config.hardware.plainsec.depth = "deep"
     with pytest.raises(ConfigurationError, match=r"hardware\.typedsec\.width"):
         config.hardware.typedsec.width = "wide"
-    with pytest.raises(ConfigurationError, match=r"hardware\.nosuch \(from keyword "
-                       r"arguments\): no installed plugin"):
+    with pytest.raises(ConfigurationError, match=r"unknown config section 'hardware\.nosuch' "
+                       r"\(from keyword arguments\): no installed plugin"):
         TorchBridgeConfig(hardware={"nosuch": {}})

@@ -171,6 +171,43 @@ def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
         assert err.strip().splitlines()[-1].startswith("torchbridge launch: error: ")
 
 
+# -- help: TorchBridge's own options first, then a pointer to torchrun's ----------------------
+
+@pytest.mark.usefixtures("no_torchrun")
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["--nnodes", "2", "--help"],
+                                  ["--nproc-per-node", "auto", "-h", SCRIPT]])
+def test_launch_help_shows_torchbridge_options_then_points_to_torchrun(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["launch", *argv])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    options = text.split("options:")[1].split("torchrun's options pass through")[0]
+    for own in ("--nproc-per-node N|auto", "--backend NAME", "--debug"):
+        assert own in options
+    assert "auto, one per device" in options and "TorchBridge backend" in options
+    assert "torchrun --help" in text.split("options:")[1]
+    # torchrun's full list (about 160 lines, with its own `auto`) is not repeated here
+    assert len(text.splitlines()) < 70
+    assert "--log-line-prefix-template" not in text and "--local-addr" not in text
+
+
+@pytest.mark.parametrize(("argv", "ours"), [
+    (["--help"], True),
+    (["--nnodes", "2", "--help"], True),
+    (["--nproc-per-node", "2", "-h", SCRIPT, "--epochs", "3"], True),
+    ([SCRIPT, "--help"], False),
+    (["--standalone", SCRIPT, "--help"], False),
+    (["--nproc-per-node", "2", SCRIPT, "-h"], False),
+    (["-m", "mypackage.train", "--help"], False),
+    ([SCRIPT, "--epochs", "3"], False),
+])
+def test_a_help_after_the_script_is_the_scripts(argv: list[str], ours: bool) -> None:
+    from torchbridge.cli import _launch_wants_help
+
+    assert _launch_wants_help(argv) is ours
+
+
 # -- as a command: a real process, bounded ---------------------------------------------------
 
 def command(cwd: Path, *args: str, timeout: float = HANG_BOUND

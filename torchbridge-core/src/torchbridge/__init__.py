@@ -6,13 +6,15 @@ prepare a model for it.
     model = backend.prepare_model(model, level="O2")
     print(torchbridge.optimization_result(model).summary())
 
-Importing this package is cheap: config (pydantic) and plugins load on first use.
+Importing this package is cheap: torch, config (pydantic) and plugins load on first use
+of a name that needs them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# The error classes and the levels enum are plain Python (no torch): imported eagerly.
 from torchbridge.errors import (
     BackendUnavailableError,
     CheckpointError,
@@ -23,14 +25,11 @@ from torchbridge.errors import (
     KernelError,
     KernelLaunchError,
     ModelOptimizationError,
-    OutOfMemoryError,
     PluginError,
     TorchBridgeError,
     UnsupportedDtypeError,
 )
-from torchbridge.hookspecs import hookimpl, hookspec
 from torchbridge.levels import OptimizationLevel
-from torchbridge.types import BackendStatus, Detection, DeviceInfo, MemoryStats
 
 # The version of the plugin contract (hookspecs, Detection and the other records plugins
 # build or receive, the rules the host enforces on them), semantic: MAJOR changes when a
@@ -40,9 +39,12 @@ from torchbridge.types import BackendStatus, Detection, DeviceInfo, MemoryStats
 # field or fallback); PATCH for fixes that change no documented behaviour. A plugin declares
 # the range it was written for in its module: TORCHBRIDGE_CONTRACT = ">=3,<4".
 CONTRACT_VERSION = "3.0.0"
-# The version of torchbridge-core itself comes from its installed metadata (pyproject.toml
-# is the one place it is written), read on first access of torchbridge.__version__.
-_SOURCE_VERSION = "0.2.0"  # only when the distribution's metadata cannot be read
+# The release's version, written only here. torchbridge-core's pyproject.toml reads this
+# line (a dynamic version, read without importing torchbridge); the other five distributions'
+# pyproject.toml repeat it, and tests/test_packaging.py fails when one disagrees.
+# torchbridge.__version__ is the installed metadata's, which is this for an install of this
+# tree, and this when the distribution's metadata cannot be read (a bare source tree).
+_SOURCE_VERSION = "0.2.0"
 
 if TYPE_CHECKING:
     __version__: str
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
         check_compatibility,
     )
     from torchbridge.config import ConfigSection, TorchBridgeConfig
+    from torchbridge.errors import OutOfMemoryError
+    from torchbridge.hookspecs import hookimpl, hookspec
     from torchbridge.kernels.implementations import KernelImplementation
     from torchbridge.kernels.ops import OpDefinition
     from torchbridge.optimize.kernel_patterns import ModulePattern
@@ -61,10 +65,19 @@ if TYPE_CHECKING:
     from torchbridge.optimize.report import OptimizationResult, optimization_result
     from torchbridge.plugins import register_plugin, reload_plugins, unregister_plugin
     from torchbridge.selection import detect_best_backend, list_backends
+    from torchbridge.types import BackendStatus, Detection, DeviceInfo, MemoryStats
     from torchbridge.validation import validate
 
-# name -> module that defines it; imported on first attribute access.
+# name -> module that defines it; imported on first attribute access, so that `import
+# torchbridge` (and the command line's --help and --version) does not import torch.
 _LAZY = {
+    "OutOfMemoryError": "torchbridge.errors",  # subclasses torch.OutOfMemoryError
+    "hookimpl": "torchbridge.hookspecs",
+    "hookspec": "torchbridge.hookspecs",
+    "BackendStatus": "torchbridge.types",
+    "Detection": "torchbridge.types",
+    "DeviceInfo": "torchbridge.types",
+    "MemoryStats": "torchbridge.types",
     "Backend": "torchbridge.backend",
     "TorchBridgeConfig": "torchbridge.config",
     "get_kernel": "torchbridge.backend",
@@ -112,6 +125,10 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, "__version__"})
 
 
 __all__ = [

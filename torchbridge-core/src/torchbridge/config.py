@@ -17,7 +17,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NoReturn
 
 from pydantic import (
     BaseModel,
@@ -30,6 +30,7 @@ from pydantic import (
     field_validator,
 )
 
+from torchbridge.config_errors import ENV_PREFIX, configuration_error, unknown_key_suggestion
 from torchbridge.errors import ConfigurationError
 from torchbridge.levels import OptimizationLevel
 from torchbridge.plugins import (
@@ -46,11 +47,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-ENV_PREFIX = "TORCHBRIDGE_"
 CONFIG_FILE_ENV = "TORCHBRIDGE_CONFIG_FILE"
 # Read by the plugin loader, not config fields.
 RESERVED_ENV = {"TORCHBRIDGE_PLUGINS", "TORCHBRIDGE_DISABLE_PLUGINS", CONFIG_FILE_ENV,
-                "TORCHBRIDGE_DETECT_TIMEOUT"}
+                "TORCHBRIDGE_DETECT_TIMEOUT", "TORCHBRIDGE_PROGRESS"}
 _PRECISION_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
                       "half": "float16", "float": "float32"}
 
@@ -67,20 +67,12 @@ def _source_of(loc: tuple[str, ...], sources: dict[tuple[str, ...], str]) -> str
 
 
 def _raise_configuration_error(exc: ValidationError, prefix: tuple[str, ...],
-                               sources: dict[tuple[str, ...], str]) -> None:
-    problems = []
-    first: tuple[str, Any, str] | None = None
-    for err in exc.errors():
-        loc = prefix + tuple(str(part) for part in err["loc"])
-        source = _source_of(loc, sources)
-        path = ".".join(loc) or "<root>"
-        value = err.get("input")
-        problems.append(f"{path} = {value!r} (from {source}): {err['msg']}")
-        if first is None:
-            first = (path, value, source)
-    assert first is not None
-    message = "invalid TorchBridge configuration: " + "; ".join(problems)
-    raise ConfigurationError(message, field=first[0], value=first[1], source=first[2]) from None
+                               sources: dict[tuple[str, ...], str],
+                               model: type[BaseModel] | None = None) -> NoReturn:
+    """`exc` as a ConfigurationError in the user's words (see torchbridge.config_errors):
+    `model` is the class validated at `prefix`, for its keys and field types."""
+    raise configuration_error(exc, prefix, sources, model, _source_of,
+                              sorted(RESERVED_ENV)) from None
 
 
 class ConfigSection(BaseModel):
@@ -111,7 +103,8 @@ class ConfigSection(BaseModel):
         try:
             super().__setattr__(name, value)
         except ValidationError as exc:
-            _raise_configuration_error(exc, prefix, {(*prefix, name): "assignment"})
+            _raise_configuration_error(exc, prefix, {(*prefix, name): "assignment"},
+                                       type(self))
         child = getattr(self, name, None)
         if isinstance(child, ConfigSection) and self._path is not None:
             child._bind_paths(".".join((*prefix, name)))
@@ -395,7 +388,8 @@ def _nest(flat: dict[tuple[str, ...], tuple[Any, str]]) -> dict[str, Any]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 raise ConfigurationError(
-                    f"{'.'.join(path)} (from {source}): {'.'.join(path[:-1])} is not a section",
+                    f"config key '{'.'.join(path)}' (from {source}): '{'.'.join(path[:-1])}' "
+                    "is a value, not a section",
                     field=".".join(path), value=value, source=source)
             node = child
         node[path[-1]] = value
@@ -411,12 +405,13 @@ def _validate_hardware(values: dict[str, Any], sources: dict[tuple[str, ...], st
     validated: dict[str, Any] = {}
     for name, value in values.items():
         if name not in fields:
-            known = ", ".join(fields) or "none"
             source = _source_of(("hardware", name), sources)
+            hint = unknown_key_suggestion(("hardware", name), list(fields), source,
+                                          what="sections")
             raise ConfigurationError(
-                f"invalid TorchBridge configuration: hardware.{name} (from {source}): no "
-                f"installed plugin provides this section (sections: {known})",
-                field=f"hardware.{name}", value=value, source=source)
+                f"unknown config section 'hardware.{name}' (from {source}): no installed "
+                f"plugin provides it{hint}", field=f"hardware.{name}", value=value,
+                source=source)
         model = fields[name].annotation
         assert isinstance(model, type)
         owner = f" (section of plugin {sections.owners[name]})"
@@ -424,15 +419,16 @@ def _validate_hardware(values: dict[str, Any], sources: dict[tuple[str, ...], st
             validated[name] = model.model_validate(value)
         except ValidationError as exc:
             try:
-                _raise_configuration_error(exc, ("hardware", name), sources)
+                _raise_configuration_error(exc, ("hardware", name), sources, model)
             except ConfigurationError as error:
                 raise ConfigurationError(str(error) + owner, field=error.field,
                                          value=error.value, source=error.source) from None
         except Exception as exc:  # a plugin's validator raising something else
+            source = _source_of(("hardware", name), sources)
             raise ConfigurationError(
-                f"invalid TorchBridge configuration: hardware.{name}{owner}: its validator "
+                f"config section 'hardware.{name}' (from {source}){owner}: its validator "
                 f"raised {describe(exc)}", field=f"hardware.{name}", value=value,
-                source=_source_of(("hardware", name), sources)) from None
+                source=source) from None
     return sections.model(**validated)
 
 
@@ -474,7 +470,7 @@ class TorchBridgeConfig(ConfigSection):
         try:
             BaseModel.__init__(self, **data)
         except ValidationError as exc:
-            _raise_configuration_error(exc, (), sources)
+            _raise_configuration_error(exc, (), sources, type(self))
         self._bind_paths("")
         self._sources = {".".join(path): source for path, source in sources.items()}
 

@@ -150,7 +150,8 @@ def collect() -> dict[str, Any]:
     return report
 
 
-def _gb(value: int | None) -> str:
+def _gib(value: int | None) -> str:
+    """Bytes for people: GiB (2**30 bytes), as every human-facing figure of TorchBridge."""
     return "unknown" if value is None else f"{value / 1024**3:.2f} GiB"
 
 
@@ -193,9 +194,9 @@ def _render_selected(sel: dict[str, Any]) -> list[str]:
     if "error" in mem:
         out.append(f"  memory: error: {mem['error']}")
     else:
-        out.append(f"  memory: allocated {_gb(mem['allocated_bytes'])}, reserved "
-                   f"{_gb(mem['reserved_bytes'])}, peak {_gb(mem['peak_allocated_bytes'])}, "
-                   f"free {_gb(mem['free_bytes'])}, total {_gb(mem['total_bytes'])}")
+        out.append(f"  memory: allocated {_gib(mem['allocated_bytes'])}, reserved "
+                   f"{_gib(mem['reserved_bytes'])}, peak {_gib(mem['peak_allocated_bytes'])}, "
+                   f"free {_gib(mem['free_bytes'])}, total {_gib(mem['total_bytes'])}")
         if mem.get("notes"):
             out.append(f"  memory notes: {mem['notes']}")
     out.append(f"  distributed backend: {sel['distributed_backend']}")

@@ -1,11 +1,17 @@
 """The one error hierarchy. Vendor plugins subclass these; callers catch these.
 
 Every error names the problem and, where there is one, the fix.
+
+Importing this module does not import torch, so that the command line's `--help` and
+`--version` (and anything else that only needs the error classes) start fast. The one class
+that needs torch, OutOfMemoryError (a torch.OutOfMemoryError too), is created on first
+access: `from torchbridge.errors import OutOfMemoryError` works as for any other name.
 """
 
 from __future__ import annotations
 
-import torch
+import threading
+from typing import TYPE_CHECKING, Any
 
 
 class TorchBridgeError(Exception):
@@ -37,8 +43,41 @@ class DeviceError(TorchBridgeError):
     """A device operation failed or a device index does not exist."""
 
 
-class OutOfMemoryError(DeviceError, torch.OutOfMemoryError):
-    """Device memory exhausted. Also a torch.OutOfMemoryError, so existing handlers catch it."""
+if TYPE_CHECKING:
+    import torch
+
+    class OutOfMemoryError(DeviceError, torch.OutOfMemoryError):
+        """Device memory exhausted. Also a torch.OutOfMemoryError, so existing handlers
+        catch it. Sizes in its message are in MiB (2**20 bytes)."""
+
+
+_lock = threading.Lock()
+
+
+def _out_of_memory_error() -> type:
+    import torch
+
+    class OutOfMemoryError(DeviceError, torch.OutOfMemoryError):
+        """Device memory exhausted. Also a torch.OutOfMemoryError, so existing handlers
+        catch it. Sizes in its message are in MiB (2**20 bytes)."""
+
+    # Named as if defined at module level: pickle and tracebacks find it by this name.
+    OutOfMemoryError.__module__ = __name__
+    OutOfMemoryError.__qualname__ = "OutOfMemoryError"
+    return OutOfMemoryError
+
+
+if not TYPE_CHECKING:  # mypy sees the class above; an Any-typed __getattr__ would hide typos
+    def __getattr__(name: str) -> Any:
+        # PEP 562: built once, on first access, then an ordinary module attribute (one
+        # class for every importer, so subclasses and `except` clauses agree).
+        if name != "OutOfMemoryError":
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        with _lock:
+            cls = globals().get(name)
+            if cls is None:
+                cls = globals()[name] = _out_of_memory_error()
+        return cls
 
 
 class KernelError(TorchBridgeError):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import re
 
 from torchbridge.errors import ConfigurationError
+from torchbridge.suggestions import did_you_mean
 
 _ALIASES = {"none": "O0", "conservative": "O1", "balanced": "O2", "aggressive": "O3"}
 
@@ -29,10 +31,8 @@ class OptimizationLevel(str, enum.Enum):
             text = _ALIASES.get(text.lower(), text.upper())
             if text in cls.__members__:
                 return cls(text)
-        choices = ", ".join([*cls.__members__, *_ALIASES])
-        raise ConfigurationError(
-            f"unknown optimization level {value!r}; choose one of {choices}",
-            field="optimization_level", value=value)
+        raise ConfigurationError(unknown_level_message(value), field="optimization_level",
+                                 value=value)
 
     @property
     def rank(self) -> int:
@@ -49,6 +49,17 @@ class OptimizationLevel(str, enum.Enum):
 
     def __lt__(self, other: object) -> bool:  # type: ignore[override]
         return self.rank < OptimizationLevel.parse(other).rank
+
+
+def unknown_level_message(value: object) -> str:
+    """Why `value` is not a level, with the choices and the nearest one."""
+    choices = ", ".join([*OptimizationLevel.__members__, *_ALIASES])
+    message = f"unknown optimization level {value!r}; choose one of {choices}"
+    text = str(value).strip()
+    number = re.fullmatch(r"[oO]?(\d+)", text)
+    if number is not None and int(number.group(1)) > 3:
+        return f"{message} (O3 is the highest)"
+    return message + did_you_mean(text, [*OptimizationLevel.__members__, *_ALIASES])
 
 
 # Max relative output drift against O0 per level: O0/O1 exact up to float32 rounding; O2/O3

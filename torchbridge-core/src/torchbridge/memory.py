@@ -19,12 +19,17 @@ import torch
 
 from torchbridge.devices import device_module
 from torchbridge.errors import ConfigurationError, OutOfMemoryError
+from torchbridge.types import MIB
 
 if TYPE_CHECKING:
     from torchbridge.backend import Backend
 
 logger = logging.getLogger(__name__)
-_MB = 1024 * 1024
+
+
+def mib(value: int | None) -> str:
+    """Bytes for a message: "90.0 MiB" (2**20 bytes), "unknown" for None."""
+    return "unknown" if value is None else f"{value / MIB:.1f} MiB"
 
 
 def memory_setting(backend: Backend, name: str) -> Any:
@@ -86,8 +91,8 @@ def _storage_bytes(tensor: torch.Tensor) -> int:
 
 def _refusal(tensor: torch.Tensor) -> str | None:
     """Why `tensor` cannot be pooled: the pool hands out whole buffers of a shape, so a
-    tensor must be its storage, all of it. A one-element view of a 200 MB tensor would
-    keep the 200 MB alive while counting 4 bytes."""
+    tensor must be its storage, all of it. A one-element view of a 200 MiB tensor would
+    keep the 200 MiB alive while counting 4 bytes."""
     storage = _storage_bytes(tensor)
     if storage == 0:
         return "it holds no memory"
@@ -103,7 +108,7 @@ class MemoryManager:
 
     `allocate_with_oom_protection` checks free memory against the request times a safety
     margin before allocating; if the allocator still runs out it empties the cache and
-    retries once, then raises OutOfMemoryError with requested, free and total.
+    retries once, then raises OutOfMemoryError with requested, free and total (in MiB).
 
     The pool keeps returned tensors per `pool_id` and hands them out again for the same
     shape and dtype (contents are not cleared, as with torch.empty). It is bounded: at most
@@ -140,13 +145,10 @@ class MemoryManager:
     def _oom(self, requested: int, margin: float, why: str) -> OutOfMemoryError:
         stats = self.backend.get_memory_stats()
 
-        def mb(value: int | None) -> str:
-            return "unknown" if value is None else f"{value / _MB:.1f} MB"
-
         return self.oom_error(
-            f"cannot allocate {mb(requested)} on {self.device} ({why}): requested "
-            f"{mb(requested)} x safety margin {margin:g} = {mb(int(requested * margin))}, "
-            f"free {mb(stats.free_bytes)}, total {mb(stats.total_bytes)}")
+            f"cannot allocate {mib(requested)} on {self.device} ({why}): requested "
+            f"{mib(requested)} x safety margin {margin:g} = {mib(int(requested * margin))}, "
+            f"free {mib(stats.free_bytes)}, total {mib(stats.total_bytes)}")
 
     def check_allocation(self, nbytes: int, safety_margin: float | None = None) -> None:
         """Raise OutOfMemoryError if `nbytes` x margin exceeds free memory. Where the backend
@@ -184,8 +186,8 @@ class MemoryManager:
         try:
             return _allocate(dims, dtype, self.device)
         except torch.OutOfMemoryError:
-            logger.info("allocation of %d bytes on %s failed; emptying the cache and "
-                        "retrying once", nbytes, self.device)
+            logger.info("allocation of %s on %s failed; emptying the cache and retrying "
+                        "once", mib(nbytes), self.device)
         self.backend.empty_cache()
         try:
             return _allocate(dims, dtype, self.device)

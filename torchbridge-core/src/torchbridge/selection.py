@@ -38,6 +38,7 @@ from torchbridge.plugins import (
     exclusive_step,
     get_plugin_host,
 )
+from torchbridge.suggestions import did_you_mean
 from torchbridge.types import BackendStatus, Detection
 
 logger = logging.getLogger(__name__)
@@ -392,14 +393,19 @@ def backend_status(name: str, statuses: list[BackendStatus] | None = None) -> Ba
         if state is not None:
             raise BackendUnavailableError(f"backend {name!r} is unavailable: {state}",
                                           backend=name)
-        known = ", ".join(s.name for s in statuses)
-        raise BackendUnavailableError(f"unknown backend {name!r}; known backends: {known}",
-                                      backend=name)
+        raise BackendUnavailableError(unknown_backend_message(name, statuses), backend=name)
     if not status.available:
         hint = f"; to install: {status.install_hint}" if status.install_hint else ""
         raise BackendUnavailableError(f"backend {name!r} is unavailable: {status.reason}{hint}",
                                       backend=name, install_hint=status.install_hint)
     return status
+
+
+def unknown_backend_message(name: str, statuses: list[BackendStatus]) -> str:
+    """"unknown backend 'cdua'; known backends: ...; did you mean 'cuda'?"."""
+    known = [s.name for s in statuses]
+    return (f"unknown backend {name!r}; known backends: {', '.join(known)}"
+            + did_you_mean(name, [*known, *ALIASES]))
 
 
 def _silent_plugin(name: str) -> str | None:

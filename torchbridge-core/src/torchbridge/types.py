@@ -1,19 +1,26 @@
 """Plain records shared by every backend: what was detected, a device's description, memory.
 
 Dataclasses rather than pydantic models: they are built on hot paths (detection, memory
-polling) and must not pull pydantic into `import torchbridge`.
+polling) and must not pull pydantic (or torch) into `import torchbridge`.
+
+Units: memory is counted in bytes (`MemoryStats`); every figure for people is binary, MiB
+(2**20 bytes) or GiB (2**30 bytes), named so. The names the seeds used say MB and GB but
+hold binary units: `DeviceInfo.memory_total_gb` is GiB, `stats["allocated"]` MiB.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-_MB = 1024 * 1024
-_GB = 1024 * 1024 * 1024
+MIB = 1024 * 1024
+GIB = 1024 * 1024 * 1024
+_MB = MIB  # the seeds' names for these binary units
+_GB = GIB
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,11 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """Description of one device. The first six fields are the seeds' DeviceInfo."""
+    """Description of one device. The first six fields are the seeds' DeviceInfo.
+
+    `memory_total_gb` and `memory_available_gb` are in GiB (2**30 bytes; the seeds' names
+    say GB), None where the backend cannot tell.
+    """
 
     name: str
     backend: str
@@ -103,6 +114,8 @@ class DeviceInfo:
         """The preferred low-precision dtype as a torch.dtype (None: stay in float32)."""
         if self.preferred_low_precision_dtype is None:
             return None
+        import torch
+
         dtype: torch.dtype = getattr(torch, self.preferred_low_precision_dtype)
         return dtype
 
@@ -110,7 +123,10 @@ class DeviceInfo:
         return dataclasses.asdict(self)
 
 
-_SEED_UNITS = {"": _MB, "_mb": _MB, "_gb": _GB, "_bytes": 1}
+# Suffix of a `stats[...]` key -> bytes per unit. All binary: the seeds' bare names answer
+# in MiB and their "_gb" in GiB; "_mib" and "_gib" say so.
+_UNITS = {"": MIB, "_mb": MIB, "_mib": MIB, "_gb": GIB, "_gib": GIB, "_bytes": 1}
+_SEED_UNITS = _UNITS  # the name code written against earlier versions may import
 _FIELDS = ("allocated", "reserved", "peak_allocated", "free", "total")
 
 
@@ -119,8 +135,11 @@ class MemoryStats:
     """Memory of one device in bytes, the same fields on every backend.
 
     A figure the backend cannot know is None, never 0; `notes` says why. For code written
-    against the seeds, `stats["allocated"]` answers in MB, `stats["allocated_gb"]` in GB and
-    `stats["allocated_bytes"]` in bytes (None stays None).
+    against the seeds, `stats["allocated"]` answers in MiB (2**20 bytes; the seeds called
+    it MB, and `stats["allocated_mb"]` is the same number), `stats["allocated_gb"]` in GiB
+    (2**30 bytes); `stats["allocated_mib"]`, `stats["allocated_gib"]` name the units
+    exactly and `stats["allocated_bytes"]` is the field itself (None stays None). The
+    same suffixes work for reserved, peak_allocated, free and total.
     """
 
     device: str
@@ -132,7 +151,7 @@ class MemoryStats:
     notes: str | None = None
 
     def __getitem__(self, key: str) -> float | int | None:
-        for suffix, unit in sorted(_SEED_UNITS.items(), key=lambda kv: -len(kv[0])):
+        for suffix, unit in sorted(_UNITS.items(), key=lambda kv: -len(kv[0])):
             base = key[: len(key) - len(suffix)] if suffix else key
             if key.endswith(suffix) and base in _FIELDS:
                 value: int | None = getattr(self, f"{base}_bytes")
@@ -140,7 +159,7 @@ class MemoryStats:
                     return value
                 return value / unit
         raise KeyError(f"{key!r}: memory stats have {', '.join(_FIELDS)} "
-                       "(MB), with _gb or _bytes suffixes for other units")
+                       "(in MiB), with _mib, _gib or _bytes suffixes for other units")
 
     def keys(self) -> list[str]:
         return list(_FIELDS)

@@ -80,6 +80,45 @@ def uniform_value(state: dict[str, torch.Tensor]) -> float:
 
 # -- crashes and concurrency ---------------------------------------------------------------
 
+# What a save does to the file system while its temporary exists: each write of data, and
+# the rename that publishes it. Killing a writer just before one of them is killing it at
+# that point of the save, chosen without racing a timer against the writer.
+SAVE_STEPS = ("write", "replace")
+
+
+def steps_of_one_save(state: dict[str, torch.Tensor], path: Path) -> int:
+    calls = [0]
+    originals = {name: getattr(os, name) for name in SAVE_STEPS}
+
+    def counted(name: str) -> Callable[..., object]:
+        def step(*args: object) -> object:
+            calls[0] += 1
+            return originals[name](*args)
+        return step
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name in SAVE_STEPS:
+            mp.setattr(os, name, counted(name))
+        torchbridge.save_checkpoint(state, path)
+    return calls[0]
+
+
+def die_at_step(step: int) -> None:
+    """In a forked child: SIGKILL this process just before its `step`-th save step."""
+    calls = [0]
+
+    def wrap(original: Callable[..., object]) -> Callable[..., object]:
+        def step_or_die(*args: object) -> object:
+            calls[0] += 1
+            if calls[0] == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original(*args)
+        return step_or_die
+
+    for name in SAVE_STEPS:
+        setattr(os, name, wrap(getattr(os, name)))
+
+
 @posix_only
 def test_saves_killed_at_random_points_keep_the_previous_file_and_leave_no_temporaries(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,31 +126,35 @@ def test_saves_killed_at_random_points_keep_the_previous_file_and_leave_no_tempo
     path = tmp_path / "ckpt.pt"
     states = [state_of(float(v)) for v in (1, 2, 3)]
     torchbridge.save_checkpoint(states[0], path)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    steps = steps_of_one_save(states[0], probe / "ckpt.pt")
+    assert steps >= 4  # writes, then the rename
     rng = random.Random(0)
-    left_behind = 0
-    for _ in range(12):
+    # Points in the child's first three saves, the first and last steps of one always among
+    # them, the rest at random.
+    for kill_at in [1, steps, steps + 1, *rng.sample(range(2, 3 * steps + 1), 9)]:
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child saves until it is killed
             try:
+                die_at_step(kill_at)
                 i = 0
                 while True:
                     torchbridge.save_checkpoint(states[i % 3], path)
                     i += 1
             finally:
                 os._exit(1)
-        time.sleep(rng.uniform(0.005, 0.12))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        left_behind += bool(temporaries(tmp_path))
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+        assert len(temporaries(tmp_path)) == 1, "killed mid-save: its temporary is left"
         # The file holds one complete save, whatever the save in flight had written.
         assert uniform_value(torch.load(path, weights_only=True)) in (1.0, 2.0, 3.0)
         before = path.read_bytes()
         uniform_value(torchbridge.load_checkpoint(path))  # a load cleans the folder...
         assert temporaries(tmp_path) == []                # ...of the dead save's temporary
         assert path.read_bytes() == before
-    assert left_behind >= 3, "the kills should have caught saves in flight"
     torchbridge.save_checkpoint(states[1], path)
-    assert temporaries(tmp_path) == [] and os.listdir(tmp_path) == ["ckpt.pt"]
+    assert temporaries(tmp_path) == [] and sorted(os.listdir(tmp_path)) == ["ckpt.pt", "probe"]
 
 
 @posix_only
@@ -163,14 +206,15 @@ def test_only_temporaries_of_dead_writers_on_this_host_are_removed(
     assert pid_alive(os.getpid()) and not pid_alive(dead_pid())
 
 
-@posix_only
+@pytest.mark.skipif(sys.platform != "linux", reason="zombies are seen through /proc")
 def test_a_killed_unreaped_writer_counts_as_dead(tmp_path: Path) -> None:
     pid = os.fork()
     if pid == 0:  # pragma: no cover
-        time.sleep(30)
+        time.sleep(3600)  # killed long before
         os._exit(0)
     os.kill(pid, signal.SIGKILL)
-    time.sleep(0.2)  # now a zombie: it exists until reaped
+    # Waits until it has died, without reaping it: now a zombie, which exists until reaped.
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     try:
         assert not pid_alive(pid)
     finally:

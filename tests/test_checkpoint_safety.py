@@ -12,14 +12,17 @@ import struct
 import sys
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torchbridge
+import torchbridge.checkpoint as checkpoint_module
 from test_checkpoint_hardening import dead_pid
 from torchbridge import CheckpointError, atomic_file
+from torchbridge import checkpoint_checks as checks
 from torchbridge.atomic_file import TEMP_MARK, remove_dead_temporaries, temp_name
 from torchbridge.checkpoint_checks import FOOTER_PREFIX, MAX_DEPTH
 
@@ -130,16 +133,40 @@ def test_truncations_and_garbage_are_checkpoint_errors(tmp_path: Path, saved: by
 
 # -- resource bounds --------------------------------------------------------------------------
 
-def test_nested_lists_sharing_one_child_load_quickly(tmp_path: Path) -> None:
+def count_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, limit: int
+                ) -> list[int]:
+    """Count the calls of `module.name`, failing the test the moment there are more than
+    `limit`: work that grows with the paths through a structure (rather than its objects)
+    fails at once instead of running for ever, whatever the machine's speed. The count is
+    returned in a one-element list."""
+    original: Callable[..., Any] = getattr(module, name)
+    calls = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] > limit:  # pytest.fail is a BaseException: no `except Exception` eats it
+            pytest.fail(f"{module.__name__}.{name} called more than {limit} times")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_nested_lists_sharing_one_child_load_quickly(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     nested: Any = [torch.ones(1)]
     for _ in range(40):
         nested = [nested] * 50  # 50**40 paths through 41 objects
     data = torch_save_bytes({"a": nested})
     assert len(data) < 8000
     for kwargs in ({}, {"dtype": torch.float16}):
-        began = time.perf_counter()
+        # Quick by construction, not by the clock: the structure checks and the dtype cast
+        # look at each of the ~50 objects a few times, never once per path.
+        measured = count_calls(monkeypatch, checks, "_children", 500)
+        walked = count_calls(monkeypatch, checkpoint_module, "_containers", 500)
         loaded = load_bytes(tmp_path, data, **kwargs)
-        assert time.perf_counter() - began < 2.0
+        assert measured[0] > 41 and (walked[0] > 41) == ("dtype" in kwargs)
+        monkeypatch.undo()
         leaf = loaded["a"]
         for _ in range(40):
             assert leaf[0] is leaf[49]  # still shared, not copied 50**40 times
@@ -155,16 +182,23 @@ def zip_with_pickle(pickled: bytes) -> bytes:
     return buffer.getvalue()
 
 
-def test_structures_nested_too_deeply_are_refused_before_loading(tmp_path: Path) -> None:
+def test_structures_nested_too_deeply_are_refused_before_loading(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     depth = MAX_DEPTH + 50  # built through the memo: constant pickle stack, any depth
     ops = [b"\x80\x02", b"]r" + struct.pack("<I", 0)]
     for i in range(1, depth):
         ops.append(b"]r" + struct.pack("<I", i) + b"a0j" + struct.pack("<I", i))
     ops.append(b"0j" + struct.pack("<I", 0) + b".")
-    began = time.perf_counter()
+
+    def torch_load(*args: Any, **kwargs: Any) -> Any:
+        pytest.fail("torch.load ran: the structure was not refused before loading")
+
+    monkeypatch.setattr(checkpoint_module.torch, "load", torch_load)
+    # Linear in the depth (each list looked at twice), not quadratic: bounded by count.
+    measured = count_calls(monkeypatch, checks, "_children", 4 * depth)
     with pytest.raises(CheckpointError, match="nested more than"):
         load_bytes(tmp_path, zip_with_pickle(b"".join(ops)))
-    assert time.perf_counter() - began < 2.0
+    assert measured[0] > MAX_DEPTH
 
 
 def test_a_storage_declaring_more_than_its_record_is_refused(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from hang_bounds import HANG_S
 from torch import nn
 from torchbridge.testing import BackendContract
 
@@ -65,7 +66,7 @@ def run_contract(tmp_path: Path, fallbacks: str) -> dict[str, str]:
     test_file.write_text(textwrap.dedent(LEAN_PLUGIN_TEST).replace("FALLBACKS", fallbacks))
     out = subprocess.run([sys.executable, "-m", "pytest", str(test_file), "-q", "-rA",
                           "-p", "no:cacheprovider", "-k", "not compiled and not prepare"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300).stdout
+                         capture_output=True, text=True, cwd=tmp_path, timeout=HANG_S).stdout
     outcomes = {}
     for line in out.splitlines():
         for outcome in ("PASSED", "FAILED", "SKIPPED", "ERROR"):
@@ -138,6 +139,6 @@ def test_contract_checks_kernels_in_their_dtype_and_above_64_rows(
     test_file.write_text(BAD_KERNELS_TEST.replace("KERNEL", kernel))
     out = subprocess.run([sys.executable, "-m", "pytest", str(test_file), "-q",
                           "-p", "no:cacheprovider", "-k", "kernels_match"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300).stdout
+                         capture_output=True, text=True, cwd=tmp_path, timeout=HANG_S).stdout
     assert "1 failed" in out, out
     assert said in out, out

@@ -27,6 +27,7 @@ from torchbridge.distributed.strategies import unsupported_reason
 
 sys.path.insert(0, str(Path(__file__).parent))
 import distributed_worker as worker
+from hang_bounds import HANG_S
 
 WORKER = Path(__file__).parent / "distributed_worker.py"
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -184,7 +185,8 @@ def test_ddp_at_O2_wraps_outside_autocast_and_compile_and_trains() -> None:
 
 # -- torchbridge launch ----------------------------------------------------------------------
 
-def launch(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def launch(tmp_path: Path, *args: str, timeout: float = HANG_S
+           ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TORCHBRIDGE_") and k not in LAUNCH_VARS}
     env["OMP_NUM_THREADS"] = "1"

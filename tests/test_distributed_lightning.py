@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hang_bounds import HANG_S
 from torch import nn
 from torchbridge import DeviceError
 
@@ -152,7 +153,7 @@ def test_lightning_ddp_on_two_ranks_under_torchbridge_launch(tmp_path: Path) -> 
     env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run([sys.executable, "-m", "torchbridge", "launch", "--standalone",
                            "--nproc-per-node", "2", str(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr[-3000:]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert rank0["world"] == rank1["world"] == 2

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torchbridge
+from hang_bounds import HANG_S
 from torch import nn
 from torchbridge import OptimizationLevel, OptimizationPass, trees
 from torchbridge.models import reference_models
@@ -86,16 +87,20 @@ def test_no_process_wide_patching_while_folding() -> None:
     in other threads crashed. Folding now traces with hooks and a thread-local mode."""
     call_before = nn.Module.__call__
     seen: list[Any] = []
-    stop = threading.Event()
+    stop, inferring = threading.Event(), threading.Event()
     other = nn.Linear(4, 4)
 
     def infer() -> None:
         while not stop.is_set():
             seen.append(nn.Module.__call__)
             other(torch.randn(1, 4))
+            inferring.set()
 
     thread = threading.Thread(target=infer)
     thread.start()
+    # The other thread is inferring before folding starts, however the threads are
+    # scheduled (a hang catcher only: it sets this after its first call).
+    assert inferring.wait(HANG_S)
     try:
         for _ in range(3):
             cpu().optimize(trained_bn(ConvBN()), "O1", sample_input=torch.randn(2, 3, 8, 8))

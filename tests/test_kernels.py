@@ -3,7 +3,6 @@ makes prepare_model use a plugin's kernel after checking its numbers."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -352,26 +351,74 @@ def test_without_a_sample_input_the_check_runs_on_synthetic_inputs(example: Any)
     assert "differs from the reference" in subs["mlp"]["detail"]
 
 
-def test_a_slower_implementation_is_not_kept_when_measuring(reload_plugins: None,
-                                                            example: Any) -> None:
-    def slow_rms_norm(x: torch.Tensor, weight: Any, eps: float) -> torch.Tensor:
-        time.sleep(0.002)
-        return REFERENCE_KERNELS["rms_norm"](x, weight, eps)
+class FakeClock:
+    """The substitution pass's timer, advanced by what the test says a call costs (and 1 ns
+    a reading, as a real clock moves on): the keep-or-reject decision is tested without the
+    real clock, whose readings depend on the machine's speed and load. `reads` shows that
+    the pass really timed with it."""
 
-    class Slow:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.reads = 0
+
+    def perf_counter(self) -> float:
+        self.reads += 1
+        self.now += 1e-9
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    from torchbridge.optimize import kernel_substitution
+
+    fake = FakeClock()
+    monkeypatch.setattr(kernel_substitution, "time", fake)  # the module's only use of time
+    return fake
+
+
+def timed_rms_norm(clock: FakeClock) -> type[HFRMSNorm]:
+    """An RMSNorm class whose own code costs 1 ms per call on `clock` (held by the class:
+    prepare_model's copy of the model must advance the same clock)."""
+
+    class TimedRMSNorm(HFRMSNorm):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            clock.now += 1e-3
+            return super().forward(x)
+
+    return TimedRMSNorm
+
+
+def kernel_costing(seconds: float, clock: FakeClock) -> Any:
+    def rms_norm(x: torch.Tensor, weight: Any, eps: float) -> torch.Tensor:
+        clock.now += seconds
+        return REFERENCE_KERNELS["rms_norm"](x, weight, eps)
+    return rms_norm
+
+
+@pytest.mark.parametrize(("cost", "kept"), [(2e-3, False), (0.5e-3, True)],
+                         ids=["slower", "faster"])
+def test_measuring_keeps_an_implementation_only_when_it_is_faster(
+        reload_plugins: None, example: Any, clock: FakeClock, cost: float, kept: bool) -> None:
+    class Timed:
         @torchbridge.hookimpl
         def torchbridge_kernel_implementations(self) -> list[KernelImplementation]:
-            return [KernelImplementation("rms_norm", "slow", slow_rms_norm, priority=9,
-                                         backends=("example",))]
+            return [KernelImplementation("rms_norm", "timed", kernel_costing(cost, clock),
+                                         priority=9, backends=("example",))]
 
-    torchbridge.register_plugin(Slow(), name="slow")
-    model = nn.Sequential(nn.Linear(32, 32), nn.RMSNorm(32)).eval()
+    torchbridge.register_plugin(Timed(), name="timed")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), timed_rms_norm(clock)(32)).eval()
     x = torch.randn(4, 32)
-    result = example.optimize(model, "O3", sample_input=x, measure=True)
+    result = without_compile(example).optimize(model, "O3", sample_input=x, measure=True)
+    assert clock.reads > 0, "the pass no longer times through kernel_substitution.time"
     sub = result.kernel_substitutions[0]
-    assert sub.get("implementation") != "slow"
-    assert any(r.startswith("slow (plugin slow): slower than the module's own code")
-               for r in sub["rejected"])
+    if kept:
+        assert sub["implementation"] == "timed" and sub["status"] == "substituted", sub
+        assert "2.00x the module's own code" in sub["detail"], sub
+    else:
+        assert sub.get("implementation") != "timed", sub
+        assert "timed (plugin timed): slower than the module's own code (2000 us vs 1000 us)" \
+            in sub["rejected"], sub
 
 
 def test_config_turns_substitution_off_and_the_seed_name_forces_it_on(example: Any) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import torch
 import torchbridge
+from hang_bounds import HANG_S
 from torchbridge.plugins import PluginRecord, plugin_records
 
 pytest.importorskip("tb_misbehaving", reason="pip install -e tests/misbehaving_plugins")
@@ -35,9 +36,11 @@ DIST = "torchbridge-misbehaving-plugins"
 TWIN_DIST = "torchbridge-misbehaving-twin"
 TWIN_MAIN, TWIN_OTHER = f"twin[{DIST}]", f"twin[{TWIN_DIST}]"
 CPU_SHADOW = f"cpu[{DIST}]"  # the entry point named "cpu", registered under this name
-DETECT_TIMEOUT_S = "2"  # the detection deadline with the gate open (mb_detect_hang hangs)
+# The detection deadline with the gate open: how long discovery waits for mb_detect_hang
+# (once per process). 10x mb_detect_slow's 0.6 s, so that the slow hook is never late,
+# however loaded the machine.
+DETECT_TIMEOUT_S = "6"
 CLI = Path(sys.executable).parent / "torchbridge"
-DOCTOR_LIMIT_S = 30
 
 # What doctor reveals: entry point -> (status, fragment of one of its errors, or of one of
 # its warnings when the status is "loaded").
@@ -174,21 +177,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
                                                   "TORCHBRIDGE_DETECT_TIMEOUT": DETECT_TIMEOUT_S}),
         "inert": ([sys.executable, "-c", INERT_SCRIPT], base),
     }
-    started = time.perf_counter()
     procs = {name: subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
              for name, (cmd, env) in commands.items()}
     out: dict[str, dict[str, Any]] = {}
     for name, proc in procs.items():
+        # Doctor not waiting for mb_detect_hang (an hour) is what this bound catches; how
+        # long doctor takes is not judged (about 10 s alone, 40 s on a busy machine).
         try:
-            stdout, stderr = proc.communicate(timeout=DOCTOR_LIMIT_S * 2)
+            stdout, stderr = proc.communicate(timeout=HANG_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             stdout, stderr = proc.communicate()
-            pytest.fail(f"{name}: still running after {DOCTOR_LIMIT_S * 2} s (a deadlock?)\n"
-                        f"{stdout[-3000:]}\n{stderr[-3000:]}")
-        out[name] = {"rc": proc.returncode, "stdout": stdout, "stderr": stderr,
-                     "seconds": time.perf_counter() - started}
+            pytest.fail(f"{name}: still running after {HANG_S:.0f} s (waiting on the "
+                        f"hung hook, or a deadlock)\n{stdout[-3000:]}\n{stderr[-3000:]}")
+        out[name] = {"rc": proc.returncode, "stdout": stdout, "stderr": stderr}
     return out
 
 
@@ -245,7 +248,6 @@ def test_doctor_survives_every_misbehaving_plugin(runs: dict[str, dict[str, Any]
     for name in ("text", "json"):
         run = runs[name]
         assert run["rc"] == 0, run["stderr"][-3000:]
-        assert run["seconds"] < DOCTOR_LIMIT_S
         assert "Traceback" not in run["stdout"] + run["stderr"]
     text = text_run["stdout"]
     assert "  backend: cpu (cpu, 1 device(s)), plugin cpu" in text
@@ -475,7 +477,7 @@ def test_broken_config_section_is_left_out(misbehaving: None, name: str, section
     assert messages(record)[0].startswith(problem), messages(record)
     assert not hasattr(config.hardware, section)
     with pytest.raises(torchbridge.ConfigurationError,
-                       match=rf"hardware\.{section} .*no installed plugin provides this section"):
+                       match=rf"hardware\.{section}\b.*no installed plugin provides"):
         torchbridge.TorchBridgeConfig(hardware={section: {}})
     assert config.hardware.lax.batch_hint == 8  # the well-formed sections are all there
     assert torchbridge.get_backend(config=config).name == "cpu"
@@ -516,7 +518,7 @@ def test_plain_basemodel_section_gets_config_section_rules(
     assert lax.batch_hint == 8  # unchanged
     monkeypatch.setenv("TORCHBRIDGE_HARDWARE__LAX__TYPO_KEY", "1")
     with pytest.raises(torchbridge.ConfigurationError,
-                       match=r"hardware\.lax\.typo_key .*environment variable"):
+                       match=r"hardware\.lax\.typo_key\b.*environment variable"):
         torchbridge.TorchBridgeConfig.load()
     record = records()["mb_config_lax"]
     assert (record.status, messages(record)) == ("loaded", [])
@@ -693,9 +695,10 @@ def test_duplicate_entry_point_names_across_distributions(misbehaving: None) -> 
 
 
 # -- contract v3: deadlines, health, device counts, the cpu name, contract ranges -----------
-def test_hanging_detection_times_out_once_per_process(
-        misbehaving: None, reload_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TORCHBRIDGE_DETECT_TIMEOUT", "0.5")
+def test_hanging_detection_times_out_once_per_process(misbehaving: None,
+                                                      reload_plugins: None) -> None:
+    # The module's deadline, not a shorter one: a deadline only a fast machine meets would
+    # time out the quick hooks too (and that is remembered for the rest of the process).
     started = time.perf_counter()
     found = statuses()  # mb_detect_hang timed out under the module's deadline, or now
     cpu = torchbridge.get_backend("cpu")
@@ -713,7 +716,9 @@ def test_hanging_detection_times_out_once_per_process(
         torchbridge.list_backends(rescan=True)
         assert hang.calls[0] == asked  # not asked again: nothing to wait for
         assert records()["mb_detect_hang"].detect_timed_out
-    assert time.perf_counter() - started < 20
+    # Only a hang catcher (waiting on the hook's hour); not waiting again is checked above
+    # by the hook's call count, not by the clock.
+    assert time.perf_counter() - started < HANG_S
 
 
 def test_device_hooks_failing_pass_the_backend_over(misbehaving: None) -> None:

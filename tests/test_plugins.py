@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 import torchbridge
+from hang_bounds import HANG_S
 from torchbridge.plugins import plugin_records
 
 
@@ -244,7 +245,7 @@ print("best:", torchbridge.detect_best_backend())
 def test_a_new_device_type_must_be_declared_through_torch() -> None:
     """PrivateUse1 can be renamed once per process, so this runs in its own."""
     out = subprocess.run([sys.executable, "-c", DECLARED_DEVICE_TYPE], capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+                         text=True, timeout=HANG_S, check=True).stdout
     assert "undeclared offered: False" in out
     assert "device_type 'acmenpu' is not a torch device type; declare it first" in out
     assert "declared offered: True acmenpu" in out

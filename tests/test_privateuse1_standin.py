@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hang_bounds import HANG_S
+
 STANDIN_TEST = '''
 import types
 
@@ -100,7 +102,7 @@ def test_privateuse1_standin_passes_the_contract(tmp_path: Path) -> None:
     test_file.write_text(STANDIN_TEST)
     done = subprocess.run([sys.executable, "-m", "pytest", str(test_file), "-q", "-rs",
                            "-p", "no:cacheprovider"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=500)
+                          capture_output=True, text=True, cwd=tmp_path, timeout=HANG_S)
     out = done.stdout
     assert done.returncode == 0, out[-6000:]
     assert " passed" in out

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_bounds import HANG_S
 
 pytest.importorskip("triton")
 
@@ -19,7 +20,7 @@ SCRIPT = Path(__file__).with_name("aot_compile.py")
 def test_every_kernel_compiles_ahead_of_time_for_nvidia_and_amd() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     # PyPI's Triton has both backends: the README's claim of gfx942 is checked here too.

@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from hang_bounds import HANG_S
+
 SCRIPT = textwrap.dedent('''
     import sys
     import torchbridge, triton, triton.language as tl
@@ -37,7 +39,7 @@ def _run(script: Path, cache: Path) -> str:
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_INTERPRET", "TRITON_CACHE_DIR")}
     done = subprocess.run([sys.executable, str(script), str(cache)], env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 

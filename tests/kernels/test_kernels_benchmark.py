@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hang_bounds import HANG_S
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -16,7 +18,7 @@ def test_the_kernel_benchmark_checks_every_implementation(tmp_path: Path, device
     out = tmp_path / "kernels.json"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels.py"),
                            "--backend", device, "--json", str(out)],
-                          env=dict(os.environ), capture_output=True, text=True, timeout=600)
+                          env=dict(os.environ), capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     checked = [r for entry in report["ops"].values()

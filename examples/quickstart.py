@@ -24,7 +24,7 @@ def main() -> None:
         print(f"  output {tuple(out.shape)} {out.dtype} on {out.device}\n")
 
     stats = backend.get_memory_stats()
-    print(f"memory: free {stats['free_gb']:.1f} GB of {stats['total_gb']:.1f} GB"
+    print(f"memory: free {stats['free_gib']:.1f} GiB of {stats['total_gib']:.1f} GiB"
           if stats.total_bytes else "memory: unknown")
 
 

@@ -376,7 +376,7 @@ def test_amd_config_section_is_merged_and_validated(monkeypatch: pytest.MonkeyPa
     assert (section.fp8_enabled, section.preferred_blas, section.architecture) == \
         (False, "hipblas", "gfx942")
     with pytest.raises(torchbridge.ConfigurationError,
-                       match=r"hardware\.amd\.max_memory_fraction = 1\.5"):
+                       match=r"config key 'hardware\.amd\.max_memory_fraction' must be a number above 0 and at most 1, got 1\.5"):
         torchbridge.TorchBridgeConfig.load(hardware={"amd": {"max_memory_fraction": 1.5}})
     with pytest.raises(torchbridge.ConfigurationError,
                        match=r"hardware\.amd\.architecture.*'gfx9999' is not an architecture"):
@@ -410,7 +410,7 @@ def test_oom_protection_raises_the_amd_error(monkeypatch: pytest.MonkeyPatch) ->
     fake = FakeGPUs(monkeypatch, "RX 7900 XTX")
     fake.free = 100 * 1024 * 1024
     manager = AMDMemoryManager(torchbridge.get_backend("rocm"))
-    with pytest.raises(OutOfMemoryError, match=r"requested 90\.0 MB.*free 100\.0 MB"):
+    with pytest.raises(OutOfMemoryError, match=r"requested 90\.0 MiB.*free 100\.0 MiB"):
         manager.allocate_with_oom_protection((1024, 1024, 90), torch.uint8, safety_margin=1.2)
     assert issubclass(OutOfMemoryError, torchbridge.OutOfMemoryError)
     assert issubclass(OutOfMemoryError, torch.OutOfMemoryError)

@@ -110,14 +110,14 @@ def test_core_modules_form_no_import_cycle() -> None:
 
 LAYERS = [
     {"torchbridge.errors", "torchbridge.types", "torchbridge.hookspecs",
-     "torchbridge.trees"},
+     "torchbridge.trees", "torchbridge.suggestions"},
     # The Triton kernels need only the errors; whatever wraps them as ops sits above.
     {"torchbridge.kernels.triton._launch"},
     {"torchbridge.kernels.triton.rms_norm", "torchbridge.kernels.triton.silu_mul",
      "torchbridge.kernels.triton.rotary"},
     {"torchbridge.kernels.triton"},
     {"torchbridge.levels", "torchbridge.devices", "torchbridge.fp8", "torchbridge.atomic_file"},
-    {"torchbridge.plugins"},
+    {"torchbridge.plugins", "torchbridge.config_errors"},
     {"torchbridge.config", "torchbridge.selection", "torchbridge.kernels.ops",
      "torchbridge.kernels.compute"},
     {"torchbridge.kernels.implementations"},

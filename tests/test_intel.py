@@ -436,7 +436,7 @@ def test_intel_memory_manager_refuses_what_does_not_fit(monkeypatch: pytest.Monk
     config = torchbridge.TorchBridgeConfig.load(hardware={"intel": {"pool_max_tensors": 3}})
     manager = IntelMemoryManager(config=config)
     assert manager.pool_max_tensors == 3
-    with pytest.raises(OutOfMemoryError, match=r"free 100\.0 MB") as info:
+    with pytest.raises(OutOfMemoryError, match=r"free 100\.0 MiB") as info:
         manager.allocate_with_oom_protection((1024, 1024, 90), torch.uint8, safety_margin=1.2)
     assert isinstance(info.value, torch.OutOfMemoryError)
 
@@ -478,7 +478,7 @@ def test_intel_config_section_is_merged_and_validated(monkeypatch: pytest.Monkey
     assert config.hardware.intel.allow_tf32 is False
     assert config.hardware.intel.precision == "auto"
     with pytest.raises(torchbridge.ConfigurationError,
-                       match=r"hardware\.intel\.max_memory_fraction = 1\.5"):
+                       match=r"config key 'hardware\.intel\.max_memory_fraction' must be a number above 0 and at most 1, got 1\.5"):
         torchbridge.TorchBridgeConfig.load(hardware={"intel": {"max_memory_fraction": 1.5}})
     with pytest.raises(torchbridge.ConfigurationError, match=r"hardware\.intel\.precision"):
         torchbridge.TorchBridgeConfig.load(hardware={"intel": {"precision": "fp8"}})

@@ -176,7 +176,7 @@ def test_nvidia_config_section_is_merged_and_validated(monkeypatch: pytest.Monke
     assert config.hardware.nvidia.allow_tf32 is False
     assert config.hardware.nvidia.architecture == "auto"
     with pytest.raises(torchbridge.ConfigurationError,
-                       match=r"hardware\.nvidia\.max_memory_fraction = 1\.5"):
+                       match=r"config key 'hardware\.nvidia\.max_memory_fraction' must be a number above 0 and at most 1, got 1\.5"):
         torchbridge.TorchBridgeConfig.load(hardware={"nvidia": {"max_memory_fraction": 1.5}})
     with pytest.raises(torchbridge.ConfigurationError, match=r"hardware\.nvidia\.architecture"):
         torchbridge.TorchBridgeConfig.load(hardware={"nvidia": {"architecture": "kepler"}})
@@ -242,8 +242,8 @@ def test_oom_protection_refuses_what_does_not_fit(manager_on_a_t4: tuple) -> Non
     with pytest.raises(OutOfMemoryError) as info:  # 90 MB x 1.2 > 100 MB
         manager.allocate_with_oom_protection((1024, 1024, 90), torch.uint8, safety_margin=1.2)
     message = str(info.value)
-    assert "requested 90.0 MB" in message and "free 100.0 MB" in message
-    assert f"total {fake.props.total_memory / 2**20:.1f} MB" in message
+    assert "requested 90.0 MiB" in message and "free 100.0 MiB" in message
+    assert f"total {fake.props.total_memory / 2**20:.1f} MiB" in message
     assert events == ["allocate"]  # the refused request never reached the allocator
     with pytest.raises(torchbridge.ConfigurationError, match=r"safety_margin must be >= 1\.0"):
         manager.allocate_with_oom_protection((4,), torch.float32, safety_margin=0.5)

@@ -137,7 +137,8 @@ def strict_section(model: type[BaseModel]) -> type[ConfigSection]:
 
 
 class KernelConfig(ConfigSection):
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="use the kernels plugins provide for "
+                          "torchbridge ops (off: every op runs its reference)")
     disabled_ops: list[str] = Field(default_factory=list,
                                     description="ops that always use the reference kernel")
     substitute: bool = Field(default=True, description="at O3, swap modules that compute an "
@@ -151,8 +152,12 @@ class MemoryConfig(ConfigSection):
     max_memory_fraction: float | None = Field(
         default=None, gt=0.0, le=1.0,
         description="cap this process's share of device memory (None: no cap)")
-    enable_oom_protection: bool = True
-    oom_safety_margin: float = Field(default=1.1, ge=1.0, le=10.0)
+    enable_oom_protection: bool = Field(
+        default=True, description="check an allocation against free device memory (times "
+        "oom_safety_margin) before making it, and raise OutOfMemoryError naming the figures")
+    oom_safety_margin: float = Field(
+        default=1.1, ge=1.0, le=10.0, description="factor on a requested size that must fit "
+        "in free device memory when enable_oom_protection is on")
 
 
 QuantizeMode = Literal["int8", "int8_weight_only", "int4_weight_only", "float8"]
@@ -436,7 +441,10 @@ class TorchBridgeConfig(ConfigSection):
     """The root config. `TorchBridgeConfig(...)` takes only its arguments;
     `TorchBridgeConfig.load(...)` and the presets read every source."""
 
-    optimization_level: OptimizationLevel = OptimizationLevel.O2
+    optimization_level: OptimizationLevel = Field(
+        default=OptimizationLevel.O2, description="prepare_model's level when none is "
+        "given: O0 placement only, O1 exact rewrites, O2 low precision and compile, O3 "
+        "everything for inference")
     precision: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
         description="low-precision dtype at O2+; auto: the device's preferred one")

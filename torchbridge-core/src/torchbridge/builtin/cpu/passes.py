@@ -26,11 +26,22 @@ def _freeze_check(model: nn.Module, ctx: PassContext) -> str | None:
     return compile_ahead(ctx)
 
 
+# Freezing without inductor's oneDNN weight prepacking: prepacked (mkldnn) weights cannot
+# be pickled, so inductor's FX graph cache refuses the whole graph ("mkldnn tensors
+# unpickleable") and every process compiles it again; without prepacking a second process
+# reuses the compiled graph (tests/test_compile_cache.py). Prepacking did not pay for it
+# here: O3 with and without it, same process, round-robin (2-core AMD EPYC, avx512_bf16,
+# torch 2.13, under load from other jobs): ViT 589 vs 605 ms, BERT 341 vs 315 ms, ResNet
+# 18.5 vs 18.7 ms, Llama 1912 vs 1432 ms; and preparing took 1.3-2x longer with it.
+PREPACK_WEIGHTS = False
+
+
 def _freeze(model: nn.Module, ctx: PassContext) -> nn.Module:
-    # Inductor freezing turns weights into constants, folds them (bf16 weight casts happen
-    # once instead of every call) and prepacks them for oneDNN. Weights changed after this
-    # are not seen: inference only.
-    ctx.state.setdefault("compile_options", {})["freezing"] = True
+    # Inductor freezing turns weights into constants and folds them (bf16 weight casts
+    # happen once instead of every call). Weights changed after this are not seen:
+    # inference only.
+    ctx.state.setdefault("inductor_config", {}).update(
+        {"freezing": True, "cpp.weight_prepack": PREPACK_WEIGHTS})
     return model
 
 

@@ -1,0 +1,66 @@
+"""config optimization.compile_cache_dir: a second process preparing the same model reuses
+what the first compiled (inductor's FX graph cache in that folder). Checked by inductor's own
+cache-hit counters, not by timing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torchbridge
+from torchbridge.config import TorchBridgeConfig
+
+PREPARE = r"""
+import json, sys, torch, torchbridge
+from torchbridge.config import TorchBridgeConfig
+from torch._dynamo.utils import counters
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                            torch.nn.Linear(32, 4)).eval()
+x = torch.randn(2, 16)
+config = TorchBridgeConfig(optimization={"compile_cache_dir": sys.argv[1]})
+result = torchbridge.get_backend("cpu", config).optimize(model, sys.argv[2], sample_input=x)
+print(json.dumps({"applied": result.optimizations_applied,
+                  "inductor": dict(counters["inductor"])}))
+"""
+
+
+def _prepare_in_a_new_process(cache: Path, level: str) -> dict[str, object]:
+    done = subprocess.run([sys.executable, "-c", PREPARE, str(cache), level],
+                          capture_output=True, text=True, timeout=600)  # hangs only
+    assert done.returncode == 0, done.stderr[-2000:]
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("level", ["O2", "O3"])
+def test_a_second_process_reuses_the_compiled_artifacts(tmp_path: Path, level: str) -> None:
+    cache = tmp_path / "compiled"
+    # (Whether the compiled forward is kept is timed in those processes; it is compiled
+    # either way, on the sample input, inside prepare_model.)
+    first = _prepare_in_a_new_process(cache, level)
+    assert first["inductor"].get("fxgraph_cache_miss", 0) >= 1  # type: ignore[union-attr]
+    assert any(cache.iterdir())
+    second = _prepare_in_a_new_process(cache, level)
+    assert second["inductor"].get("fxgraph_cache_hit", 0) >= 1, second  # type: ignore[union-attr]
+    assert second["inductor"].get("fxgraph_cache_miss", 0) == 0, second  # type: ignore[union-attr]
+
+
+def test_the_cache_folder_is_reported_and_a_bad_one_named(tmp_path: Path) -> None:
+    model, x = torch.nn.Linear(8, 8).eval(), torch.randn(2, 8)
+    config = TorchBridgeConfig(optimization={"compile_cache_dir": str(tmp_path / "c")})
+    result = torchbridge.get_backend("cpu", config).optimize(model, "O2", sample_input=x)
+    assert any(str(tmp_path / "c") in n and "compile_cache_dir" in n for n in result.notes)
+    assert any(c.name == "environment TORCHINDUCTOR_CACHE_DIR" for c in result.process_settings)
+    result.restore_process_settings()
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    config = TorchBridgeConfig(optimization={"compile_cache_dir": str(blocker)})
+    failed = {p.name: p.detail for p in torchbridge.get_backend("cpu", config).optimize(
+        model, "O2", sample_input=x).failed}
+    assert "compile_cache_dir" in failed["compile"] and str(blocker) in failed["compile"]

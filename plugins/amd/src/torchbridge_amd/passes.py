@@ -217,6 +217,8 @@ def fp8_skip_reason(policy: PrecisionPolicy, setting: bool | str, ctx: PassConte
 
 
 def _fp8_check(model: nn.Module, ctx: PassContext) -> str | None:
+    if ctx.quantize is not None:  # the quantize pass (torchao) takes the Linear layers
+        return f"quantize={ctx.quantize!r} asked for: torchao quantizes the Linear layers"
     reason = fp8_skip_reason(_policy(ctx), ctx.backend.hardware_config.fp8_enabled, ctx)
     if reason is None and not any(type(m) is nn.Linear for m in model.modules()):
         return "no nn.Linear in the model"

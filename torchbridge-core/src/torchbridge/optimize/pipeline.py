@@ -222,7 +222,8 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
             model, "prepare_model times the model as given against the prepared one"
         ).to(backend.device)
     work = model if inplace else _copy(model, "prepare_model works on a copy")
-    result = OptimizationResult(model=work, backend=backend.name, level=level, notes=notes)
+    result = OptimizationResult(model=work, backend=backend.name, level=level, notes=notes,
+                                quantize_mode=mode)
     ctx = PassContext(backend=backend, level=level, config=backend.config, device_info=info,
                       training=model.training, sample_input=sample_input, quantize=mode)
     ctx.state["measure"] = measure
@@ -246,6 +247,7 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
                          decide=not model.training)
             work = result.model = run.work
         result.kernel_substitutions = ctx.state.get("kernel_substitutions", [])
+        result.quantization = ctx.state.get("quantization")
     except BaseException as exc:
         # Whatever failed after passes ran: the model as it was (the caller's own object
         # when inplace), the process-wide settings as they were, and a TorchBridge error.

@@ -10,9 +10,13 @@ from torch import nn
 from torchbridge.levels import OptimizationLevel
 
 if TYPE_CHECKING:
+    from torchbridge.optimize.quantize_gate import QuantizationReport
     from torchbridge.optimize.settings import SettingChange
 
 _RESULT_ATTR = "_torchbridge_optimization_result"
+QUANTIZE_PASS = "quantize"
+QUANTIZE_NOT_ASKED = "no quantization asked for (prepare_model(quantize=...) or config " \
+                     "optimization.quantize)"
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,11 @@ class OptimizationResult:
     # Process-wide settings the applied passes changed: name, before, after, and scope
     # ("call": in force only around the prepared model's calls; "process": left changed).
     process_settings: list[SettingChange] = field(default_factory=list)
+    # The quantization mode asked for (None: none), and what the quantize pass did: its
+    # method and accuracy figures (ctx.state["quantization"]). Whether it was kept is its
+    # pass record's status: quantization_outcome() puts them together.
+    quantize_mode: str | None = None
+    quantization: QuantizationReport | None = None
 
     def restore_process_settings(self) -> list[str]:
         """Put back the process-wide settings this run left changed (scope "process"); the
@@ -82,6 +91,39 @@ class OptimizationResult:
         """Names of the passes that really ran (the seeds' field)."""
         return [p.name for p in self.applied]
 
+    def quantization_outcome(self) -> dict[str, Any] | None:
+        """The quantization asked for, if any: mode, status (applied, skipped, rolled
+        back), detail (how, or why not) and, when applied, the gate's figures against O0
+        on the sample input (cosine, argmax_agreement and their minimums)."""
+        if self.quantize_mode is None:
+            return None
+        record = next((p for p in self.passes if p.name == QUANTIZE_PASS), None)
+        if record is None:
+            return {"mode": self.quantize_mode, "status": "skipped",
+                    "detail": f"no {QUANTIZE_PASS!r} pass ran for backend {self.backend}"}
+        status = {"failed": "rolled back"}.get(record.status, record.status)
+        outcome: dict[str, Any] = {"mode": self.quantize_mode, "status": status,
+                                   "detail": record.detail}
+        q = self.quantization
+        if status == "applied" and q is not None:
+            outcome.update(detail=q.method, cosine=q.cosine,
+                           argmax_agreement=q.argmax_agreement, min_cosine=q.min_cosine,
+                           min_argmax_agreement=q.min_argmax_agreement)
+        return outcome
+
+    def _quantization_line(self) -> str | None:
+        outcome = self.quantization_outcome()
+        if outcome is None:
+            return None
+        if outcome["status"] == "applied" and self.quantization is not None:
+            return f"quantization: {outcome['mode']} applied ({outcome['detail']}); " \
+                   f"against O0 on the sample input: {self.quantization.figures()}"
+        detail = str(outcome["detail"]).removeprefix(f"{outcome['mode']}: ")
+        if outcome["status"] == "skipped":
+            return f"quantization: {outcome['mode']} skipped: {detail}"
+        return detail if detail.startswith("quantization ") else \
+            f"quantization {outcome['mode']} rolled back: {detail}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "backend": self.backend, "level": self.level.value,
@@ -91,6 +133,7 @@ class OptimizationResult:
             "optimized_seconds": self.optimized_seconds,
             "kernel_substitutions": self.kernel_substitutions,
             "process_settings": [c.to_dict() for c in self.process_settings],
+            "quantization": self.quantization_outcome(),
         }
 
     def summary(self) -> str:
@@ -98,6 +141,9 @@ class OptimizationResult:
         for p in self.passes:
             lines.append(f"  {p.status:8} {p.name}: {p.detail}")
         lines += [f"  setting: {c.describe()}" for c in self.process_settings]
+        quantization = self._quantization_line()
+        if quantization is not None:
+            lines.append(f"  {quantization}")
         lines += [f"  note: {n}" for n in self.notes]
         for sub in self.kernel_substitutions:
             how = (f"{sub['implementation']} (plugin {sub['plugin']})"

@@ -1,0 +1,267 @@
+"""prepare_model(quantize=...): torchao quantization of the Linear layers where the device
+runs the mode, kept only when the prepared model keeps the accuracy gate against O0 on the
+sample input; the report gives the mode and the figures, or why not. The CPU's ISA comes
+from the fake /proc/cpuinfo of tests/test_cpu_isa.py, so these tests decide the same on
+any host; those that quantize need torchao (skipped without it, with the reason)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torchbridge
+from test_cpu_isa import CPUINFO
+from torch import nn
+from torchbridge.builtin.cpu import host
+from torchbridge.errors import ConfigurationError
+from torchbridge.optimize.quantize_gate import accuracy, unsupported
+from torchbridge.types import DeviceInfo
+
+needs_torchao = pytest.mark.skipif(
+    importlib.util.find_spec("torchao") is None,
+    reason="torchao is not installed (pip install torchbridge-core[quantize])")
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(),
+                         nn.Linear(128, 16)).eval()
+
+
+def _sample() -> torch.Tensor:
+    return torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
+
+
+def _backend(**optimization: Any) -> Any:
+    return torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(
+        optimization=optimization))
+
+
+def _status(result: Any) -> tuple[str, str]:
+    record = next(p for p in result.passes if p.name == "quantize")
+    return record.status, record.detail
+
+
+@pytest.fixture
+def cpu_is(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """The host CPU's flags, as torch.cpu.get_capabilities reports them, set to those of a
+    CPU in test_cpu_isa.CPUINFO (the CPU plugin's probe seam reads them there). Unlike
+    that file's /proc/cpuinfo fixture it keeps get_capabilities: torch and torchao call
+    it while quantizing."""
+    def use(cpu: str) -> None:
+        flags = {host._canonical(f): True for f in CPUINFO[cpu].split()}
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: flags, raising=False)
+        host.cpu_flags.cache_clear()
+    yield use
+    host.cpu_flags.cache_clear()
+
+
+@pytest.fixture
+def vnni(cpu_is: Callable[[str], None]) -> None:
+    cpu_is("Zen 4")  # AVX512-VNNI and AVX512-BF16, no AMX
+
+
+@needs_torchao
+def test_int8_applied_with_the_gate_figures_in_the_report(vnni: None) -> None:
+    model, x = _mlp(), _sample()
+    result = _backend().optimize(model, "O1", sample_input=x, quantize="int8")
+    assert _status(result)[0] == "applied"
+    from torchao.utils import TorchAOBaseTensor
+
+    assert all(isinstance(m.weight, TorchAOBaseTensor)
+               for m in result.model.modules() if isinstance(m, nn.Linear))
+    assert not any(isinstance(m.weight, TorchAOBaseTensor)  # the caller's model untouched
+                   for m in model.modules() if isinstance(m, nn.Linear))
+    outcome = result.quantization_outcome()
+    assert outcome["mode"] == "int8" and outcome["status"] == "applied"
+    assert "Int8DynamicActivationInt8WeightConfig on 3 of 3 Linear" in outcome["detail"]
+    assert 0.99 <= outcome["cosine"] <= 1.0 and 0.9 <= outcome["argmax_agreement"] <= 1.0
+    summary = result.summary()
+    assert "quantization: int8 applied" in summary
+    assert f"cosine {outcome['cosine']:.4f}" in summary and "argmax agreement" in summary
+    assert result.to_dict()["quantization"] == outcome
+    with torch.no_grad():  # the returned model computes in int8: close, not equal
+        cosine, _ = accuracy(model(x), result.model(x))
+    assert cosine == pytest.approx(outcome["cosine"])
+
+
+def _prepared_times_faster(label: str, fn: Callable[[], Any]) -> float:
+    fn()  # the keep-the-faster timing (optimize/fastest.py) answered without a clock
+    return {"O0": 3.0, "prepared": 1.0, "uncompiled": 2.0}[label]
+
+
+@needs_torchao
+def test_o3_quantizes_the_bf16_weights_and_compiles_under_the_gate(vnni: None) -> None:
+    # The whole O3 sequence: autocast, bf16 weights, then quantize, then compile with
+    # freezing; the passes after quantize are checked with its gate, not O3's tolerance,
+    # and the final check against O0 (float32) too.
+    from torchbridge.optimize.pipeline import run_pipeline
+
+    model, x = _mlp(), _sample()
+    result = run_pipeline(_backend(), model, "O3", sample_input=x, quantize="int8",
+                          timer=_prepared_times_faster)
+    statuses = {p.name: p.status for p in result.passes}
+    for name in ("autocast", "low_precision_weights", "quantize", "compile"):
+        assert statuses[name] == "applied", result.summary()
+    outcome = result.quantization_outcome()
+    assert outcome["status"] == "applied" and outcome["cosine"] >= 0.99
+    with torch.no_grad():
+        cosine, agreement = accuracy(model(x), result.model(x))
+    assert cosine >= 0.99 and agreement is not None and agreement >= 0.9
+
+
+@needs_torchao
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_quantization_that_breaks_the_model_is_rolled_back(
+        vnni: None, monkeypatch: pytest.MonkeyPatch, inplace: bool) -> None:
+    import torchao.quantization
+
+    real = torchao.quantization.quantize_
+
+    def zeroing(model: nn.Module, config: Any, *args: Any, **kwargs: Any) -> None:
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                m.weight.data.zero_()  # a broken quantizer: every weight lost
+        real(model, config, *args, **kwargs)
+
+    monkeypatch.setattr(torchao.quantization, "quantize_", zeroing)
+    model, x = _mlp(), _sample()
+    weights = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
+    with torch.no_grad():
+        expected = model(x)
+    result = _backend().optimize(model, "O1", sample_input=x, quantize="int8",
+                                 inplace=inplace)
+    status, detail = _status(result)
+    assert status == "failed"
+    assert detail.startswith("quantization int8 rolled back: cosine ")
+    assert "< 0.99" in detail and "argmax agreement" in detail and "< 90%" in detail
+    outcome = result.quantization_outcome()
+    assert outcome["status"] == "rolled back" and outcome["detail"] == detail
+    assert detail in result.summary()
+    with torch.no_grad():
+        assert torch.equal(result.model(x), expected)
+    if inplace:  # the caller's own model, its own parameters, as they were
+        assert result.model is model
+        for name, p in model.named_parameters():
+            assert p is weights[name][0] and torch.equal(p, weights[name][1])
+
+
+@needs_torchao
+def test_min_cosine_from_config_rolls_back_a_close_quantization(vnni: None) -> None:
+    model, x = _mlp(), _sample()
+    result = _backend(quantize_min_cosine=1.0).optimize(model, "O1", sample_input=x,
+                                                        quantize="int8")
+    status, detail = _status(result)
+    assert status == "failed" and "cosine 0.99" in detail and "< 1" in detail
+    assert "argmax agreement" not in detail  # only what failed is named
+    with torch.no_grad():
+        assert torch.equal(result.model(x), model(x))
+
+
+@needs_torchao
+def test_config_quantize_is_honoured_and_quantize_false_overrides_it(vnni: None) -> None:
+    backend = _backend(quantize="int8")
+    assert _status(backend.optimize(_mlp(), "O1", sample_input=_sample()))[0] == "applied"
+    result = backend.optimize(_mlp(), "O1", sample_input=_sample(), quantize=False)
+    assert _status(result)[0] == "skipped" and result.quantization_outcome() is None
+    assert "quantization:" not in result.summary()
+
+
+def test_unknown_mode_is_a_configuration_error_with_a_suggestion() -> None:
+    with pytest.raises(ConfigurationError, match="did you mean 'int8_weight_only'"):
+        _backend().optimize(_mlp(), "O1", sample_input=_sample(), quantize="int8_weightonly")
+
+
+def _skip_reason(**kwargs: Any) -> str:
+    kwargs.setdefault("sample_input", _sample())
+    result = _backend().optimize(kwargs.pop("model", _mlp()), "O1", **kwargs)
+    status, detail = _status(result)
+    assert status == "skipped"
+    outcome = result.quantization_outcome()
+    assert outcome["status"] == "skipped" and outcome["detail"] == detail
+    assert f"quantization: {outcome['mode']} skipped" in result.summary()
+    return detail
+
+
+def test_int8_is_skipped_on_a_cpu_without_vnni(cpu_is: Callable[[str], None]) -> None:
+    cpu_is("Zen 3")  # AVX2 only
+    assert "no int8 dot-product instructions (VNNI" in _skip_reason(quantize="int8")
+
+
+@needs_torchao
+def test_int8_weight_only_needs_no_vnni(cpu_is: Callable[[str], None]) -> None:
+    cpu_is("Zen 3")  # its weights are widened to float inside the matmul: no int8 math
+    result = _backend().optimize(_mlp(), "O1", sample_input=_sample(),
+                                 quantize="int8_weight_only")
+    outcome = result.quantization_outcome()
+    assert outcome["status"] == "applied", result.summary()
+    assert "Int8WeightOnlyConfig" in outcome["detail"] and outcome["cosine"] >= 0.99
+
+
+@pytest.mark.parametrize("mode", ["int4_weight_only", "float8"])
+def test_int4_and_float8_are_skipped_on_cpu(vnni: None, mode: str) -> None:
+    assert f"torchao 0.18 has no CPU kernel for {mode}" in _skip_reason(quantize=mode)
+
+
+def test_skipped_without_torchao(vnni: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in sys.modules if n == "torchao" or n.startswith("torchao.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao: ImportError
+    assert "pip install torchbridge-core[quantize]" in _skip_reason(quantize="int8")
+
+
+def test_skipped_without_a_sample_input(vnni: None) -> None:
+    reason = _skip_reason(quantize="int8", sample_input=None)
+    assert "needs sample_input to check the quantized model's accuracy" in reason
+
+
+def test_skipped_in_training_mode(vnni: None) -> None:
+    assert "training mode" in _skip_reason(quantize="int8", model=_mlp().train())
+
+
+def test_skipped_without_linear_layers(vnni: None) -> None:
+    model = nn.Sequential(nn.GELU()).eval()
+    assert "no nn.Linear" in _skip_reason(quantize="int8", model=model)
+
+
+# -- the gate's figures and the support table, without torchao -----------------------------
+
+def test_accuracy_figures() -> None:
+    reference = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+    assert accuracy(reference, reference.clone()) == (pytest.approx(1.0), 1.0)
+    swapped = torch.tensor([[1.0, 0.0, 0.0], [2.0, 0.0, 0.0]])  # row 2's argmax moves
+    cosine, agreement = accuracy(reference, swapped)
+    assert cosine == pytest.approx(1 / 5) and agreement == 0.5
+    # every floating tensor of the output counts; integer ones and last dims of 1 do not
+    out = {"logits": reference, "ids": torch.tensor([1, 2]), "score": torch.ones(2, 1)}
+    assert accuracy(out, {**out, "logits": swapped})[1] == 0.5
+    assert accuracy(torch.ones(4, 1), torch.ones(4, 1)) == (pytest.approx(1.0), None)
+    with pytest.raises(ValueError, match="do not match"):
+        accuracy(reference, reference[:1])
+
+
+def _gpu(vendor: str, capability: str, **extra: Any) -> DeviceInfo:
+    return DeviceInfo(name=f"{vendor} GPU", backend="cuda", memory_total_gb=80.0,
+                      memory_available_gb=80.0, compute_capability=capability,
+                      supported_dtypes=["float32", "bfloat16"], vendor=vendor, extra=extra)
+
+
+def test_where_each_mode_runs_on_gpus() -> None:
+    a100, l4, h100 = _gpu("NVIDIA", "8.0"), _gpu("NVIDIA", "8.9"), _gpu("NVIDIA", "9.0")
+    assert "8.9 or newer" in (unsupported("float8", a100, "cuda") or "")
+    assert unsupported("float8", l4, "cuda") is None and \
+        unsupported("float8", h100, "cuda") is None
+    assert all(unsupported(m, a100, "cuda") is None
+               for m in ("int8", "int8_weight_only", "int4_weight_only"))
+    assert "8.0 or newer" in (unsupported("int8", _gpu("NVIDIA", "7.5"), "cuda") or "")
+    mi250, mi300 = _gpu("AMD", "gfx90a"), _gpu("AMD", "gfx942", gcn_arch_name="gfx942:sramecc+")
+    assert "MI300" in (unsupported("float8", mi250, "cuda") or "")
+    assert unsupported("float8", mi300, "cuda") is None
+    assert unsupported("int4_weight_only", mi250, "cuda") is None
+    assert "no XMX" in (unsupported("int8", _gpu("Intel", "12.0", xmx=False), "xpu") or "")
+    assert unsupported("float8", _gpu("Intel", "12.60", xmx=True), "xpu") is None
+    assert "no int8 kernels for xla" in (unsupported("int8", h100, "xla") or "")

@@ -2,7 +2,7 @@
 module). Run with the Python of a venv that has torch and `torchbridge[EXTRA]` installed
 from the wheels, from a folder outside the repository:
 
-    python smoke.py --version 0.2.0 --plugins amd [--levels O1,O2] [--also tqdm,torchao]
+    python smoke.py --version 0.3.0 --plugins amd [--levels O1,O2] [--also tqdm,torchao]
 
 Checks that torchbridge and each plugin import from the venv (never the source tree), that
 exactly the TorchBridge distributions of that extra are installed, each with LICENSE and

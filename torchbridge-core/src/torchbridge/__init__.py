@@ -38,13 +38,13 @@ from torchbridge.levels import OptimizationLevel
 # MINOR when something is added that old plugins need not know about (a new optional hook,
 # field or fallback); PATCH for fixes that change no documented behaviour. A plugin declares
 # the range it was written for in its module: TORCHBRIDGE_CONTRACT = ">=3,<4".
-CONTRACT_VERSION = "3.0.0"
+CONTRACT_VERSION = "3.1.0"
 # The release's version, written only here. torchbridge-core's pyproject.toml reads this
 # line (a dynamic version, read without importing torchbridge); the other five distributions'
 # pyproject.toml repeat it, and tests/test_packaging.py fails when one disagrees.
 # torchbridge.__version__ is the installed metadata's, which is this for an install of this
 # tree, and this when the distribution's metadata cannot be read (a bare source tree).
-_SOURCE_VERSION = "0.2.0"
+_SOURCE_VERSION = "0.3.0"
 
 if TYPE_CHECKING:
     __version__: str

@@ -380,6 +380,19 @@ def test_fp8_asked_for_on_ampere_is_skipped_or_an_error_in_strict_mode(
     assert report["fp8_linear"] == ("skipped", "config hardware.nvidia.fp8_enabled is off")
 
 
+def test_fp8_linear_leaves_the_linears_to_an_asked_quantization(
+        monkeypatch: pytest.MonkeyPatch, gpu_flags: None) -> None:
+    FakeGPUs(monkeypatch, "H100")
+    cfg = torchbridge.TorchBridgeConfig.load(
+        optimization={"disabled_passes": ["device_placement", "compile"]})
+    mlp = nn.Sequential(nn.Linear(64, 64)).eval()
+    result = torchbridge.get_backend("cuda", cfg).optimize(mlp, "O3", quantize="float8")
+    report = {p.name: (p.status, p.detail) for p in result.passes}
+    assert report["fp8_linear"] == ("skipped", "quantize='float8' asked for: torchao "
+                                    "quantizes the Linear layers")
+    assert type(result.model[0]) is nn.Linear
+
+
 def test_configured_architecture_fills_in_only_for_unknown_gpus(
         monkeypatch: pytest.MonkeyPatch, gpu_flags: None) -> None:
     mlp = nn.Sequential(nn.Linear(64, 64)).eval()

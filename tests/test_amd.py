@@ -376,7 +376,8 @@ def test_amd_config_section_is_merged_and_validated(monkeypatch: pytest.MonkeyPa
     assert (section.fp8_enabled, section.preferred_blas, section.architecture) == \
         (False, "hipblas", "gfx942")
     with pytest.raises(torchbridge.ConfigurationError,
-                       match=r"config key 'hardware\.amd\.max_memory_fraction' must be a number above 0 and at most 1, got 1\.5"):
+                       match=r"config key 'hardware\.amd\.max_memory_fraction' must be a "
+                             r"number above 0 and at most 1, got 1\.5"):
         torchbridge.TorchBridgeConfig.load(hardware={"amd": {"max_memory_fraction": 1.5}})
     with pytest.raises(torchbridge.ConfigurationError,
                        match=r"hardware\.amd\.architecture.*'gfx9999' is not an architecture"):

@@ -1,19 +1,241 @@
-"""`torchbridge bench` runs end to end (tiny models: figures come from the real run)."""
+"""`torchbridge bench`: which variants run, the ratios and columns computed from what was
+measured, skipped quantize modes, the machine in every report, progress at INFO, and the
+second process's plumbing. The logic is tested with an injected prepare step, timer and
+child process (no compiling, no timing assertions); one test starts the real processes,
+and a slow one runs the whole benchmark on a tiny model."""
 
 from __future__ import annotations
 
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
 import pytest
-from torchbridge import bench
+import torch
+from torchbridge import bench, bench_firstcall, bench_render
+from torchbridge.errors import ConfigurationError
+
+
+def test_variants_are_the_baselines_then_the_levels() -> None:
+    assert bench.variants_for("reference", None) == ("eager", "compile", "O1", "O2", "O3")
+    assert bench.variants_for("reference", ["balanced"]) == ("eager", "compile", "O2")
+    hf = bench.variants_for("hf", ["O3"])
+    assert hf[:3] == ("eager", "compile", "O3")
+    assert {"O3 no sample", "O3 int8", "O3 int8_weight_only", "O3 int4_weight_only",
+            "O3 float8"} <= set(hf)
+    assert bench.variants_for("reference", ["O3 int8"]) == ("eager", "compile", "O3 int8")
+    assert bench.parse_variant("O3 no sample") == ("O3", False, None)
+    assert bench.parse_variant("o2 int8_weight_only") == ("O2", True, "int8_weight_only")
+    with pytest.raises(ValueError, match="quantize mode"):
+        bench.variants_for("reference", ["O3 int3"])
+    with pytest.raises(ConfigurationError, match="unknown optimization level"):
+        bench.variants_for("reference", ["O7"])
+
+
+def test_the_same_model_and_input_in_every_process() -> None:
+    first_model, first_x = bench.build("reference", "mlp", 2, 0.125)
+    torch.manual_seed(123)  # whatever the process did before
+    second_model, second_x = bench.build("reference", "mlp", 2, 0.125)
+    assert torch.equal(first_x, second_x)
+    for a, b in zip(first_model.state_dict().values(), second_model.state_dict().values(),
+                    strict=True):
+        assert torch.equal(a, b)
+
+
+def test_machine_names_the_cpu_and_its_speed_flags() -> None:
+    m = bench.machine()
+    assert m["cpu"] and m["torch"] == torch.__version__
+    assert m["threads"] == torch.get_num_threads()
+    assert sorted(m["cpu_flags"] + m["cpu_flags_absent"]) == sorted(bench.SPEED_FLAGS)
+    from torchbridge.builtin.cpu.host import cpu_flags
+
+    assert set(m["cpu_flags"]) == set(bench.SPEED_FLAGS) & cpu_flags()
+
+
+# Injected figures: variant -> (prepare s, first forward s, latency s, quantize outcome).
+FAKE = {
+    "eager": (None, 0.01, 0.010, None),
+    "compile": (0.1, 3.9, 0.008, None),
+    "O2": (5.0, 1.0, 0.004, None),
+    "O3 int8": (7.0, 1.0, 0.002, {"mode": "int8", "status": "applied", "cosine": 0.9994,
+                                  "argmax_agreement": 0.945, "detail": "int8 through torchao"}),
+    # Supported by this device's description, skipped by the run (e.g. no torchao).
+    "O3 int8_weight_only": (2.0, 0.5, 0.0, {
+        "mode": "int8_weight_only", "status": "skipped", "cosine": None,
+        "argmax_agreement": None, "detail": "int8_weight_only: needs torchao"}),
+}
+
+
+def bench_backend() -> Any:
+    import torchbridge
+
+    return torchbridge.get_backend("cpu")
+
+
+@pytest.fixture
+def faked(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """bench.run with prepare, timer, peak and child processes injected; what the fake child
+    was asked is recorded."""
+    calls: list[tuple[list[str], dict[str, str]]] = []
+
+    def prepare(backend: Any, variant: str, model: Any, x: Any, expected: Any) -> Any:
+        prepare_s, forward_s, latency, quantize = FAKE[variant]
+        passes = [] if prepare_s is None or variant == "compile" else [
+            {"name": "compile", "status": "applied", "seconds": prepare_s - 0.5},
+            {"name": "autocast", "status": "applied", "seconds": 0.01}]
+        v = bench._Variant(variant, lambda: latency, prepare_s, forward_s, 1e-3, "float32",
+                           None, passes, quantize)
+        return v
+
+    def timer(fns: list[Any], synchronize: Any, **kwargs: Any) -> list[float]:
+        return [fn() for fn in fns]  # each fake call returns its latency
+
+    def child(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+        calls.append((argv, env))
+        second = sum(1 for a, _ in calls if a == argv) == 2
+        return {"first_call_s": 1.5 if second else 6.0, "prepare_s": 1.0,
+                "first_forward_s": 0.5,
+                "cache": {"fxgraph_cache_hit": 2 if second else 0,
+                          "fxgraph_cache_miss": 0 if second else 2}}
+
+    monkeypatch.setattr(bench, "_prepare", prepare)
+    monkeypatch.setattr(bench, "interleaved_latency", timer)
+    monkeypatch.setattr(bench, "matmul_peak", lambda dtype: 1e12)
+    monkeypatch.setattr(bench, "_warm_inductor", lambda: None)
+    monkeypatch.setattr(bench_firstcall, "run_child", child)
+    return {"calls": calls}
+
+
+def test_rows_ratios_skips_and_second_process(faked: dict[str, Any],
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="torchbridge.bench"):
+        report = bench.run(models=["mlp"], scale=0.125, batch=2, backend="cpu",
+                           levels=["O2", "O3 int8", "O3 int8_weight_only", "O3 float8"])
+    rows = {r["variant"]: r for r in report["rows"]}
+    assert list(rows) == ["eager", "compile", "O2", "O3 int8"]
+    assert {r["batch"] for r in rows.values()} == {2}
+    assert rows["O2"]["speedup_vs_eager"] == pytest.approx(2.5)
+    assert rows["O2"]["speedup_vs_compile"] == pytest.approx(2.0)
+    assert rows["O3 int8"]["speedup_vs_eager"] == pytest.approx(5.0)
+    # First call = prepare + first forward; its ratio to plain torch.compile's (4.0 s).
+    assert rows["O2"]["first_call_s"] == pytest.approx(6.0)
+    assert rows["O2"]["first_call_vs_compile"] == pytest.approx(1.5)
+    assert rows["compile"]["first_call_vs_compile"] == pytest.approx(1.0)
+    assert rows["eager"]["first_call_vs_compile"] is None
+    assert rows["O3 int8"]["quantize_status"] == "applied"
+    assert rows["O3 int8"]["quantize_cosine"] == pytest.approx(0.9994)
+    # A mode the device does not support (float8 on a CPU: asked of the quantize pass's
+    # support table, not prepared), or one the run skipped: not timed, with the reason.
+    skipped = {s["variant"]: s for s in report["skipped"]}
+    assert list(skipped) == ["O3 int8_weight_only", "O3 float8"]
+    assert skipped["O3 float8"]["reason"] == bench.unsupported_quantize(
+        bench_backend(), "float8")
+    assert skipped["O3 float8"]["reason"].startswith("float8: ")
+    assert skipped["O3 int8_weight_only"] == {
+        "model": "mlp", "batch": 2, "variant": "O3 int8_weight_only", "status": "skipped",
+        "reason": "int8_weight_only: needs torchao"}
+    # The second process: for compile and each TorchBridge variant, two processes sharing
+    # one cache folder; the second one's figures in the row.
+    assert rows["eager"]["second_process_s"] is None
+    for variant in ("compile", "O2", "O3 int8"):
+        assert rows[variant]["second_process_s"] == pytest.approx(1.5)
+        assert rows[variant]["first_process_s"] == pytest.approx(6.0)
+        assert rows[variant]["second_process_cache"]["fxgraph_cache_hit"] == 2
+    calls = faked["calls"]
+    assert len(calls) == 6
+    by_variant: dict[str, list[tuple[list[str], dict[str, str]]]] = {}
+    for argv, env in calls:
+        by_variant.setdefault(argv[argv.index("--variant") + 1], []).append((argv, env))
+    for variant, pair in by_variant.items():
+        (argv1, env1), (argv2, env2) = pair
+        assert argv1 == argv2 and "--cache-dir" in argv1
+        assert argv1[argv1.index("--model") + 1] == "mlp"
+        assert argv1[argv1.index("--batch") + 1] == "2"
+        assert argv1[argv1.index("--scale") + 1] == "0.125"
+        assert argv1[argv1.index("--backend") + 1] == "cpu"
+        cache = argv1[argv1.index("--cache-dir") + 1]
+        if variant == "compile":  # plain torch.compile finds the folder through inductor
+            assert env1["TORCHINDUCTOR_CACHE_DIR"] == env2["TORCHINDUCTOR_CACHE_DIR"] == cache
+        else:  # TorchBridge only through its config; inductor's own folder empty each time
+            assert cache not in (env1["TORCHINDUCTOR_CACHE_DIR"],
+                                 env2["TORCHINDUCTOR_CACHE_DIR"])
+            assert env1["TORCHINDUCTOR_CACHE_DIR"] != env2["TORCHINDUCTOR_CACHE_DIR"]
+        assert not Path(cache).exists()  # removed afterwards
+    steps = [r.getMessage() for r in caplog.records if r.name == "torchbridge.bench"]
+    assert steps[0] == "bench 1/11: mlp batch 2 eager"
+    assert "bench 7/11: mlp batch 2 compile second process" in steps
+    assert steps[-2:] == ["bench 10/11: mlp batch 2 O3 int8_weight_only second process: "
+                          "none, skipped",
+                          "bench 11/11: mlp batch 2 O3 float8 second process: none, skipped"]
+    assert report["machine"]["cpu"] and report["machine"]["date"]
+    json.dumps(report)  # --json
+
+
+def test_render_states_the_machine_and_every_column(faked: dict[str, Any]) -> None:
+    report = bench.run(models=["mlp"], scale=0.125, batch=2,
+                       levels=["O2", "O3 int8", "O3 int8_weight_only", "O3 float8"])
+    text = bench.render(report)
+    machine = text.splitlines()[0]
+    assert machine.startswith("machine: ") and report["machine"]["cpu"] in machine
+    assert report["machine"]["torch"] in machine and "threads" in machine
+    assert text.count(machine) == 2  # above each table
+    if report["machine"]["load_average"]["start"] is not None:  # what else ran beside it
+        assert "load average" in machine
+    assert "| first call s | vs compile's first call | second process first call s |" in text
+    assert "| mlp | 2 | O2 | 4.00 | 2.50x | 2.00x | 6.0 | 1.50x | 1.5 (2/2 graphs cached) |" \
+        in text
+    assert "| applied: cosine 0.9994, argmax 94.5% |" in text
+    assert "| mlp | 2 | O3 int8_weight_only | skipped: int8_weight_only: needs torchao |" \
+        in text
+    assert "| mlp | 2 | O3 float8 | skipped: float8: " in text
+    # Where the first call's time goes: prepare_model's passes, slowest first, the rest.
+    assert "| mlp | 2 | O2 | 6.0 | 5.0 | compile 4.5, rest 0.5 | 1.0 |" in text
+    assert "| mlp | 2 | compile | 4.0 | 0.1 | - | 3.9 |" in text
+
+
+def test_a_failed_second_process_is_reported_not_fatal(faked: dict[str, Any],
+                                                       monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    def broken(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+        raise bench_firstcall.FirstCallError("exit status 1: RuntimeError: boom")
+
+    monkeypatch.setattr(bench_firstcall, "run_child", broken)
+    report = bench.run(models=["mlp"], scale=0.125, batch=2, levels=["O2"])
+    o2 = next(r for r in report["rows"] if r["variant"] == "O2")
+    assert o2["second_process_s"] is None and "boom" in o2["second_process_error"]
+    assert "second process of mlp b2 O2 failed: exit status 1: RuntimeError: boom" in \
+        bench.render(report)
+
+
+def test_second_process_left_out_on_request(faked: dict[str, Any]) -> None:
+    report = bench.run(models=["mlp"], scale=0.125, batch=2, levels=["O2"],
+                       second_process=False)
+    assert faked["calls"] == []
+    assert all(r["second_process_s"] is None for r in report["rows"])
+
+
+def test_second_process_for_real() -> None:
+    """The processes start, build the model, prepare it and answer; the cache folder
+    reaches them (O1 compiles nothing, so this stays quick: what the cache saves is
+    measured by the benchmark, not asserted here)."""
+    first, second = bench_firstcall.measure("reference", "mlp", 1, "O1", scale=0.125,
+                                            backend="cpu", threads=1)
+    for result in (first, second):
+        assert result["first_call_s"] >= result["prepare_s"] > 0
+        assert isinstance(result["cache"], dict)
+
+
+def test_a_failing_process_says_why(tmp_path: Path) -> None:
+    with pytest.raises(bench_firstcall.FirstCallError, match="exit status 2"):
+        bench_firstcall.run_child(["--suite", "reference"], {"PATH": "/usr/bin"})
 
 
 @pytest.mark.slow
-def test_bench_runs_every_variant_and_checks_targets(tmp_path: object) -> None:
-    seen: list[str] = []
-    report = bench.run(models=["mlp"], batches={"mlp": (4,)}, scale=0.125,
-                       progress=lambda done, total, what: seen.append(what))
+def test_bench_runs_every_variant_and_checks_targets() -> None:
+    report = bench.run(models=["mlp"], batch=4, scale=0.125, second_process=False)
     rows = report["rows"]
     assert [r["variant"] for r in rows] == list(bench.VARIANTS)
-    assert seen[-1] == "done"
     for r in rows:
         assert r["latency_ms"] > 0 and r["first_call_s"] > 0 and r["tflops"] > 0
         assert r["rel_error"] < 3e-2
@@ -27,7 +249,7 @@ def test_bench_runs_every_variant_and_checks_targets(tmp_path: object) -> None:
 
 def test_hf_suite_profile_and_targets() -> None:
     """The hf suite's evidence for its targets: where eager time goes (measured), and the
-    O3 and no-sample targets read from the rows."""
+    O3, no-sample and int8 targets read from the rows."""
     pytest.importorskip("transformers")
     from torchbridge.hf_models import hf_reference_models
 
@@ -36,15 +258,71 @@ def test_hf_suite_profile_and_targets() -> None:
     assert profile["eager_ms"] > 0 and 0 < profile["kernel_share"] <= 1
     assert profile["top_matmuls"] and "x" in profile["top_matmuls"][0]
 
-    def row(variant: str, vs_eager: float, first: float = 1.0) -> dict[str, object]:
-        return {"model": "bert", "batch": 8, "variant": variant, "speedup_vs_eager": vs_eager,
+    def row(variant: str, vs_eager: float, first: float = 1.0, model: str = "bert",
+            **extra: Any) -> dict[str, Any]:
+        return {"model": model, "batch": 8, "variant": variant, "speedup_vs_eager": vs_eager,
                 "speedup_vs_compile": vs_eager / 1.2, "rel_error": 5e-3,
-                "first_call_s": first, "latency_ms": 10 / vs_eager}
+                "first_call_s": first, "latency_ms": 10 / vs_eager, **extra}
 
-    report = {"suite": "hf", "rows": [row("eager", 1.0, 0.0), row("compile", 1.2, 5.0),
-                                      row("O1", 1.0), row("O2", 2.9), row("O3", 2.5, 2.0),
-                                      row("O3 no sample", 0.9)]}
+    gate = {"quantize": "int8", "quantize_cosine": 0.999, "quantize_argmax_agreement": 0.95}
+    report = {"suite": "hf", "rows": [
+        row("eager", 1.0, 0.0), row("compile", 1.2, 5.0), row("O1", 1.0), row("O2", 2.9),
+        row("O3", 2.5, 2.0), row("O3 no sample", 0.9),
+        row("O3", 2.2, model="llama"), row("compile", 1.1, model="llama"),
+        row("O3 int8", 3.4, model="llama", quantize_status="rolled back", **gate)]}
     found = {name: ok for name, ok, _ in bench.targets(report)}
     assert found["bert at O3: >=2x eager, >=1.5x compile, err<1e-2"] is True  # O3, not O2
     assert found["bert at O3: first call <= 1.5x torch.compile's"] is True
     assert found["bert at O3 without a sample input: not slower than eager"] is False
+    # Fast, but the gate rolled the quantization back: not the goal.
+    assert found["llama at O3 int8: >=3x eager with the accuracy gate passing"] is False
+
+
+def test_quantized_rows_read_the_report() -> None:
+    """The figures and status of a quantized row come from prepare_model's report."""
+    from torch import nn
+    from torchbridge.levels import OptimizationLevel
+    from torchbridge.optimize.quantize_gate import QuantizationReport
+    from torchbridge.optimize.report import OptimizationResult, PassRecord
+
+    def result(status: str, detail: str) -> OptimizationResult:
+        out = OptimizationResult(nn.Linear(2, 2), "cpu", OptimizationLevel.O3,
+                                 passes=[PassRecord("quantize", status, detail)])
+        out.quantize_mode = "int8"
+        out.quantization = QuantizationReport("int8", "torchao on 2 Linear layers", 0.99,
+                                              0.9, cosine=0.9991, argmax_agreement=0.93)
+        return out
+
+    applied = bench.quantize_outcome(result("applied", "quantize int8"))
+    assert applied["status"] == "applied" and applied["cosine"] == pytest.approx(0.9991)
+    assert applied["argmax_agreement"] == pytest.approx(0.93)
+    back = bench.quantize_outcome(result(
+        "failed", "quantization int8 rolled back: cosine 0.9500 < 0.99"))
+    assert back["status"] == "rolled back" and "cosine 0.9500 < 0.99" in back["detail"]
+    row = {"quantize": "int8", "quantize_status": back["status"],
+           "quantize_detail": back["detail"]}
+    assert bench_render._gate(row) == \
+        "rolled back: quantization int8 rolled back: cosine 0.9500 < 0.99"
+
+
+def test_a_variant_prepare_model_cannot_prepare_is_reported(faked: dict[str, Any],
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    from torchbridge.errors import ModelOptimizationError
+
+    fake = bench._prepare
+
+    def failing(backend: Any, variant: str, *args: Any) -> Any:
+        if variant == "O3 int8":
+            raise ModelOptimizationError("pass 'inference_freezing' failed")
+        return fake(backend, variant, *args)
+
+    monkeypatch.setattr(bench, "_prepare", failing)
+    report = bench.run(models=["mlp"], scale=0.125, batch=2, levels=["O2", "O3 int8"],
+                       second_process=False)
+    assert [r["variant"] for r in report["rows"]] == ["eager", "compile", "O2"]
+    assert report["skipped"] == [{
+        "model": "mlp", "batch": 2, "variant": "O3 int8", "status": "failed",
+        "reason": "ModelOptimizationError: pass 'inference_freezing' failed"}]
+    assert "| mlp | 2 | O3 int8 | failed: ModelOptimizationError: pass " \
+        "'inference_freezing' failed |" in bench.render(report)

@@ -478,7 +478,8 @@ def test_intel_config_section_is_merged_and_validated(monkeypatch: pytest.Monkey
     assert config.hardware.intel.allow_tf32 is False
     assert config.hardware.intel.precision == "auto"
     with pytest.raises(torchbridge.ConfigurationError,
-                       match=r"config key 'hardware\.intel\.max_memory_fraction' must be a number above 0 and at most 1, got 1\.5"):
+                       match=r"config key 'hardware\.intel\.max_memory_fraction' must be a "
+                             r"number above 0 and at most 1, got 1\.5"):
         torchbridge.TorchBridgeConfig.load(hardware={"intel": {"max_memory_fraction": 1.5}})
     with pytest.raises(torchbridge.ConfigurationError, match=r"hardware\.intel\.precision"):
         torchbridge.TorchBridgeConfig.load(hardware={"intel": {"precision": "fp8"}})

@@ -176,7 +176,8 @@ def test_nvidia_config_section_is_merged_and_validated(monkeypatch: pytest.Monke
     assert config.hardware.nvidia.allow_tf32 is False
     assert config.hardware.nvidia.architecture == "auto"
     with pytest.raises(torchbridge.ConfigurationError,
-                       match=r"config key 'hardware\.nvidia\.max_memory_fraction' must be a number above 0 and at most 1, got 1\.5"):
+                       match=r"config key 'hardware\.nvidia\.max_memory_fraction' must be a "
+                             r"number above 0 and at most 1, got 1\.5"):
         torchbridge.TorchBridgeConfig.load(hardware={"nvidia": {"max_memory_fraction": 1.5}})
     with pytest.raises(torchbridge.ConfigurationError, match=r"hardware\.nvidia\.architecture"):
         torchbridge.TorchBridgeConfig.load(hardware={"nvidia": {"architecture": "kepler"}})

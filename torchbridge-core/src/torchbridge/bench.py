@@ -1,23 +1,39 @@
-"""The prepare_model benchmark: reference models, eager vs torch.compile vs O1/O2/O3.
+"""The prepare_model benchmark: reference models, eager vs torch.compile vs TorchBridge levels.
 
-Each row: median latency after warm-up, first-call time (compilation included), peak
-memory where the backend can count it, relative error against eager fp32, and achieved
-FLOP/s as a fraction of this machine's matmul peak measured in the same run. Every variant
-compiles with empty inductor caches, so that first-call times are real compile costs.
+Each row: median latency after warm-up (all variants of one model timed round-robin), the
+first call (prepare_model or torch.compile plus the first forward, compiled from empty
+inductor caches in this process) and, in a fresh process, the first call again reusing
+what an earlier process left in a cache folder (torchbridge.bench_firstcall); peak memory
+where the backend can count it, relative error against eager fp32, and achieved FLOP/s as
+a fraction of this machine's matmul peak measured in the same run. The hf suite adds
+quantized rows ("O3 int8" ...) with their accuracy gate's figures. Every report names the
+machine (`machine()`); torchbridge.bench_render draws the tables.
+
+Progress: each step is logged at INFO on the "torchbridge.bench" logger and drawn as a bar
+on a terminal (torchbridge.progress).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
+import functools
 import logging
+import os
+import platform
+import tempfile
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+import unittest.mock
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
+from torchbridge.bench_profile import generate_speed, matmul_profile
+from torchbridge.bench_render import plot, render, targets
+from torchbridge.errors import TorchBridgeError
 from torchbridge.models import reference_models
 from torchbridge.optimize.measure import (
     interleaved_latency,
@@ -25,11 +41,22 @@ from torchbridge.optimize.measure import (
     output_drift,
     sample_call,
 )
+from torchbridge.progress import progress
 from torchbridge.types import dtype_name
+
+__all__ = ["run", "render", "targets", "plot", "machine", "matmul_profile", "generate_speed",
+           "BASELINES", "LEVELS", "QUANTIZED_MODES"]
 
 logger = logging.getLogger(__name__)
 BATCHES = {"mlp": (32, 256), "convnet": (8, 64), "encoder": (8, 32), "decoder_lm": (4, 16)}
-VARIANTS = ("eager", "compile", "O1", "O2", "O3")
+BASELINES = ("eager", "compile")  # always run: the speedups are against them
+LEVELS = ("O1", "O2", "O3")
+# The hf suite's extra rows beside O3: prepared without a sample input, and quantized.
+QUANTIZED_MODES = ("int8", "int8_weight_only", "int4_weight_only", "float8")
+HF_EXTRAS = ("O3 no sample", *(f"O3 {mode}" for mode in QUANTIZED_MODES))
+VARIANTS = (*BASELINES, *LEVELS)  # the reference suite's default
+# The CPU flags that decide how fast low precision runs (torch's names).
+SPEED_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "amx_int8", "avx512_vnni", "avx_vnni")
 
 
 @dataclass
@@ -46,6 +73,55 @@ class Row:
     peak_memory_bytes: int | None
     speedup_vs_eager: float = 0.0
     speedup_vs_compile: float = 0.0
+    # First call: this row's over plain torch.compile's (None for eager); its two parts
+    # (prepare_model or torch.compile, then the first forward) and prepare_model's passes.
+    first_call_vs_compile: float | None = None
+    prepare_s: float | None = None
+    first_forward_s: float = 0.0
+    passes: list[dict[str, Any]] = field(default_factory=list)  # name, status, seconds
+    # The first call in a fresh process reusing the compiled artifacts of an earlier one
+    # (None where not measured); the first of those processes' own first call; the
+    # inductor cache hits and misses the second one counted; why it failed, if it did.
+    second_process_s: float | None = None
+    first_process_s: float | None = None
+    second_process_cache: dict[str, int] | None = None
+    second_process_error: str | None = None
+    # Quantized rows: the mode asked for, what prepare_model did with it (applied or
+    # rolled back), its accuracy gate's figures on the sample input, and the report's words.
+    quantize: str | None = None
+    quantize_status: str | None = None
+    quantize_cosine: float | None = None
+    quantize_argmax_agreement: float | None = None
+    quantize_detail: str | None = None
+
+
+def machine(backend: Any = None) -> dict[str, Any]:
+    """What a figure was measured on: CPU model and the flags that decide low-precision
+    speed (present and absent), torch, threads, Python, date; the backend and its device."""
+    from torchbridge.builtin.cpu import host
+
+    cpu = host.cpu_name()
+    family, model = host._cpuinfo_field("cpu family"), host._cpuinfo_field("model\t")
+    if family is not None and model is not None:
+        cpu += f" (family {family}, model {model})"
+    flags = host.cpu_flags()
+    out: dict[str, Any] = {
+        "cpu": cpu, "cpu_flags": [f for f in SPEED_FLAGS if f in flags],
+        "cpu_flags_absent": [f for f in SPEED_FLAGS if f not in flags],
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    if backend is not None:
+        out["backend"] = backend.name
+        out["device"] = backend.get_device_info().name
+    return out
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
 
 
 def matmul_peak(dtype: torch.dtype, size: int = 2048) -> float:
@@ -76,180 +152,218 @@ class _Host:
 _CPU = _Host()
 
 
-def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | None = None,
-        progress: Callable[[int, int, str], None] | None = None, scale: float = 1.0,
-        suite: str = "reference") -> dict[str, Any]:
-    """Run the benchmark; `scale` < 1 shrinks the models (for tests, not for figures).
-    suite "reference": torchbridge.models; "hf": Hugging Face architectures from their
-    configs (torchbridge.hf_models, needs transformers), with an extra variant "O3 no
-    sample" (prepared without a sample input), the matmul share and sizes of each model,
-    and generate() tokens per second for the decoders."""
-    import torch._inductor.config as inductor_config
+def parse_variant(variant: str) -> tuple[str, bool, str | None]:
+    """(level, with a sample input, quantize mode) of a TorchBridge variant: "O3",
+    "O3 no sample", "O3 int8". An unknown level is a ConfigurationError naming the levels;
+    an unknown suffix a ValueError."""
+    from torchbridge.levels import OptimizationLevel
 
-    import torchbridge
+    level_name, _, rest = variant.partition(" ")
+    level = OptimizationLevel.parse(level_name).value
+    if not rest:
+        return level, True, None
+    if rest == "no sample":
+        return level, False, None
+    if rest in QUANTIZED_MODES:
+        return level, True, rest
+    raise ValueError(f"variant {variant!r}: after the level, expected 'no sample' or a "
+                     f"quantize mode ({', '.join(QUANTIZED_MODES)})")
 
-    inductor_config.fx_graph_cache = False
-    inductor_config.autotune_local_cache = False
-    backend = torchbridge.get_backend()
-    low = backend.low_precision_dtype()
-    dtypes = [torch.float32] + ([low] if low is not None else [])
-    peaks = {dtype_name(d): matmul_peak(d) for d in dtypes}
-    variants: tuple[str, ...] = VARIANTS
-    chosen: list[Any]
-    default_sizes: Mapping[str, tuple[int, ...]]
+
+def variants_for(suite: str, levels: Iterable[str] | None) -> tuple[str, ...]:
+    """The variants a run measures: the baselines, then each level. In the hf suite a plain
+    "O3" brings its extra rows (no sample input, each quantize mode); a level may also name
+    one such row itself ("O3 int8"). Level aliases become their names ("O3")."""
+    from torchbridge.levels import OptimizationLevel
+
+    chosen = []
+    for variant in LEVELS if levels is None else levels:
+        level, _, rest = variant.partition(" ")
+        parse_variant(variant)
+        variant = " ".join([OptimizationLevel.parse(level).value, *([rest] if rest else [])])
+        chosen.append(variant)
+        if suite == "hf" and variant == "O3":
+            chosen.extend(HF_EXTRAS)
+    return tuple(dict.fromkeys([*BASELINES, *chosen]))
+
+
+def _references(suite: str, scale: float) -> tuple[list[Any], Mapping[str, tuple[int, ...]]]:
     if suite == "hf":
         from torchbridge import hf_models
 
-        chosen = hf_models.hf_reference_models(scale)
-        default_sizes = hf_models.BATCHES
-        variants = (*VARIANTS, "O3 no sample")
-    else:
-        chosen = reference_models(scale)
-        default_sizes = BATCHES
-    chosen = [m for m in chosen if models is None or m.name in models]
-    sizes: dict[str, tuple[int, ...]] = dict(batches or default_sizes)
-    total = sum(len(sizes[m.name]) for m in chosen) * len(variants)
-    profiles: dict[str, Any] = {}
-    generation: list[dict[str, Any]] = []
-    done = 0
-    warm = torch.compile(torch.nn.Linear(8, 8))  # pay inductor's one-time import cost here
+        return hf_models.hf_reference_models(scale), hf_models.BATCHES
+    if suite != "reference":
+        raise ValueError(f"suite {suite!r}: expected 'reference' or 'hf'")
+    return reference_models(scale), BATCHES
+
+
+def build(suite: str, name: str, batch: int, scale: float) -> tuple[torch.nn.Module, Any]:
+    """Model `name` of `suite` and its input at `batch`: the same weights and input in
+    every process (seeded), so that a second process prepares the very same model."""
+    refs, _ = _references(suite, scale)
+    ref = next(r for r in refs if r.name == name)
+    torch.manual_seed(0)
+    return ref.build().eval(), ref.make_input(batch)
+
+
+def quantize_argument(mode: str | None) -> Any:
+    """prepare_model's quantize argument for a variant: its mode, else False (no
+    quantization, whatever config optimization.quantize says: "O3" rows are unquantized)."""
+    return mode if mode is not None else False
+
+
+def _warm_inductor() -> None:
+    """Pay inductor's one-time import and setup cost before any variant is timed."""
+    warm = torch.compile(torch.nn.Linear(8, 8))
     with torch.inference_mode():
         warm(torch.randn(2, 8))
+
+
+def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | None = None,
+        scale: float = 1.0, suite: str = "reference", *, backend: str | None = None,
+        levels: list[str] | None = None, batch: int | None = None,
+        second_process: bool = True) -> dict[str, Any]:
+    """Run the benchmark; `scale` < 1 shrinks the models (for tests, not for figures).
+
+    suite "reference": torchbridge.models; "hf": Hugging Face architectures from their
+    configs (torchbridge.hf_models, needs transformers), with extra rows beside O3 ("O3
+    no sample": prepared without a sample input; "O3 int8" and the other quantize modes,
+    skipped with the report's reason where the backend does not support them), the
+    matmul share and sizes of each model, and generate() tokens per second for decoders.
+
+    `backend`: a backend name (default: the selected one). `levels`: the TorchBridge
+    variants beside eager and plain torch.compile (default O1, O2, O3; see
+    variants_for). `batch`: one batch size for every model, instead of `batches` or the
+    suite's own. `second_process=False` leaves out the fresh-process first calls (each
+    costs two Python processes preparing the model)."""
+    import torch._inductor.config as inductor_config
+
+    import torchbridge
+    from torchbridge import bench_firstcall
+
+    chosen_backend = torchbridge.get_backend(backend)
+    low = chosen_backend.low_precision_dtype()
+    dtypes = [torch.float32] + ([low] if low is not None else [])
+    peaks = {dtype_name(d): matmul_peak(d) for d in dtypes}
+    variants = variants_for(suite, levels)
+    refs, default_sizes = _references(suite, scale)
+    chosen = [m for m in refs if models is None or m.name in models]
+    sizes: dict[str, tuple[int, ...]] = (
+        {m.name: (batch,) for m in chosen} if batch is not None
+        else dict(batches or default_sizes))
+    again = [v for v in variants if second_process and bench_firstcall.reused(v)]
+    steps = sum(len(sizes[m.name]) for m in chosen) * (len(variants) + len(again))
+    profiles: dict[str, Any] = {}
+    generation: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    load_at_start = _load_average()
     rows: list[Row] = []
-    for ref in chosen:
-        for batch in sizes[ref.name]:
-            torch.manual_seed(0)
-            model, x = ref.build().eval(), ref.make_input(batch)
+    # Kept until every variant has been timed: a recompile may need its folder.
+    caches = tempfile.TemporaryDirectory(prefix="torchbridge-bench-")
+    # Inductor's on-disk caches off in this process (put back afterwards), so that no
+    # variant's first call reuses what another compiled.
+    cold = inductor_config.patch(fx_graph_cache=False, autotune_local_cache=False)
+    # The compile pass points TORCHINDUCTOR_CACHE_DIR at each variant's folder (config
+    # optimization.compile_cache_dir); the caller's process gets its own value back.
+    inductor_folder = unittest.mock.patch.dict(os.environ)
+    with caches, cold, inductor_folder, progress(steps, "bench") as bar:
+        _warm_inductor()
+        done = 0
 
-            def step(variant: str, name: str = ref.name, batch: int = batch) -> None:
-                nonlocal done
-                if progress:
-                    progress(done, total, f"{name} batch {batch} {variant}")
-                done += 1
+        def step(what: str) -> None:
+            nonlocal done
+            done += 1
+            logger.info("bench %d/%d: %s", done, steps, what)
+            bar.step(what)
 
-            rows.extend(_measure(backend, ref.name, batch, model, x, peaks, step, variants))
-            if suite == "hf":
-                profiles[f"{ref.name} b{batch}"] = matmul_profile(model, x)
-        if suite == "hf" and getattr(ref, "is_decoder", False):
-            generation.append(generate_speed(backend, ref.name, ref.build(),
-                                             ref.make_input(1)["input_ids"][:, :16]))
+        for ref in chosen:
+            for size in sizes[ref.name]:
+                model, x = build(suite, ref.name, size, scale)
+                label = f"{ref.name} batch {size}"
+                measured, gone = _measure(chosen_backend, ref.name, size, model, x, peaks,
+                                          functools.partial(_labelled, step, label), variants,
+                                          cache_root=caches.name)
+                skipped.extend(gone)
+                for row in measured:
+                    if row.variant in again:
+                        step(f"{label} {row.variant} second process")
+                        _second_process(row, suite, scale, chosen_backend.name)
+                for s in gone:  # the steps counted for them, so that the count ends at total
+                    if s["variant"] in again:
+                        step(f"{label} {s['variant']} second process: none, {s['status']}")
+                rows.extend(measured)
+                if suite == "hf":
+                    profiles[f"{ref.name} b{size}"] = matmul_profile(model, x)
+            if suite == "hf" and getattr(ref, "is_decoder", False):
+                generation.append(generate_speed(chosen_backend, ref.name, ref.build(),
+                                                 ref.make_input(1)["input_ids"][:, :16]))
     # The peak is the best this machine showed: measured again at the end, since a slow
     # spell at the start would make every "% of peak" look better than it is.
     for d in dtypes:
         peaks[dtype_name(d)] = max(peaks[dtype_name(d)], matmul_peak(d))
     for r in rows:
         r.peak_fraction = r.tflops * 1e12 / peaks[r.compute_dtype]
-    if progress:
-        progress(total, total, "done")
-    by_key = {(r.model, r.batch, r.variant): r for r in rows}
-    for r in rows:
-        r.speedup_vs_eager = by_key[(r.model, r.batch, "eager")].latency_ms / r.latency_ms
-        r.speedup_vs_compile = by_key[(r.model, r.batch, "compile")].latency_ms / r.latency_ms
-    return {"backend": backend.name, "device": backend.get_device_info().name,
+    compare(rows)
+    host = machine(chosen_backend)
+    # Other processes' load on the machine, which slows what they share (1-minute
+    # averages, as uptime shows them; None where the OS does not say).
+    host["load_average"] = {"start": load_at_start, "end": _load_average()}
+    return {"backend": chosen_backend.name, "device": host["device"],
             "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "machine": host, "suite": suite, "variants": list(variants),
             "matmul_peak_tflops": {k: v / 1e12 for k, v in peaks.items()},
-            "rows": [asdict(r) for r in rows], "suite": suite,
+            "rows": [asdict(r) for r in rows], "skipped": skipped,
             "matmul_profile": profiles, "generation": generation}
 
 
-_MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear"}
-_ATTENTION = {"aten::_scaled_dot_product_flash_attention_for_cpu",
-              "aten::_scaled_dot_product_attention_math", "aten::convolution"}
+def _labelled(step: Callable[[str], None], label: str, variant: str) -> None:
+    step(f"{label} {variant}")
 
 
-def _matmul_shape(name: str, args: Any) -> tuple[int, int, int, int] | None:
-    """(batch, M, K, N) of a matrix product's arguments."""
-    mats = [a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2]
-    if name == "aten::linear" and mats:
-        x, w = args[0], args[1]
-        return 1, x.numel() // x.shape[-1], x.shape[-1], w.shape[0]
-    if len(mats) < 2:
-        return None
-    a, b = mats[-2], mats[-1]
-    return (a.shape[0] if a.dim() == 3 else 1), a.shape[-2], a.shape[-1], b.shape[-1]
+def compare(rows: list[Row]) -> None:
+    """Each row's speedups over eager and plain torch.compile of the same model and batch,
+    and its first call over torch.compile's."""
+    by_key = {(r.model, r.batch, r.variant): r for r in rows}
+    for r in rows:
+        eager, compiled = by_key[(r.model, r.batch, "eager")], by_key[(r.model, r.batch,
+                                                                       "compile")]
+        r.speedup_vs_eager = eager.latency_ms / r.latency_ms
+        r.speedup_vs_compile = compiled.latency_ms / r.latency_ms
+        if r.variant != "eager":
+            r.first_call_vs_compile = r.first_call_s / compiled.first_call_s
 
 
-def matmul_profile(model: torch.nn.Module, x: Any, calls: int = 3) -> dict[str, Any]:
-    """Where an eager fp32 call's time goes: the share of wall time in matrix products,
-    attention and convolution kernels, and the matmul shapes (M x K x N) taking the most
-    time, each with its share and achieved GFLOP/s. Compiling or bf16 can only speed up
-    what these kernels allow; the rest is Python, dispatch and elementwise work."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+def _second_process(row: Row, suite: str, scale: float, backend: str) -> None:
+    from torchbridge import bench_firstcall
 
-    times: dict[str, list[float]] = {}  # shape -> [seconds, flops]
-    kernel_seconds = [0.0]
-
-    class Timer(TorchDispatchMode):  # type: ignore[misc,no-untyped-call,unused-ignore]
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                               kwargs: Any = None) -> Any:
-            name = func._schema.name
-            if name not in _MATMULS and name not in _ATTENTION:
-                return func(*args, **(kwargs or {}))
-            started = time.perf_counter()
-            out = func(*args, **(kwargs or {}))
-            seconds = time.perf_counter() - started
-            kernel_seconds[0] += seconds
-            shape = _matmul_shape(name, args) if name in _MATMULS else None
-            if shape is not None:
-                batch, m, k, n = shape
-                entry = times.setdefault(f"{m}x{k}x{n}" + (f" (x{batch})" if batch > 1
-                                                           else ""), [0.0, 0.0])
-                entry[0] += seconds
-                entry[1] += 2.0 * batch * m * k * n
-            return out
-
-    call = sample_call(_CPU, x)
-    with torch.no_grad():
-        call(model)
-        started = time.perf_counter()
-        for _ in range(calls):
-            call(model)
-        total = (time.perf_counter() - started) / calls
-        with Timer():  # type: ignore[no-untyped-call,unused-ignore]
-            for _ in range(calls):
-                call(model)
-    top = sorted(times.items(), key=lambda kv: -kv[1][0])[:3]
-    return {"eager_ms": total * 1e3, "kernel_share": min(kernel_seconds[0] / calls / total, 1.0),
-            "top_matmuls": [f"{k} {v[0] / calls / total:.0%} at {v[1] / v[0] / 1e9:.0f} GFLOP/s"
-                            for k, v in top]}
+    try:
+        first, second = bench_firstcall.measure(suite, row.model, row.batch, row.variant,
+                                                scale=scale, backend=backend)
+    except bench_firstcall.FirstCallError as exc:
+        logger.warning("bench: %s %s batch %d: second process failed: %s", row.model,
+                       row.variant, row.batch, exc)
+        row.second_process_error = str(exc)
+        return
+    row.first_process_s = first["first_call_s"]
+    row.second_process_s = second["first_call_s"]
+    row.second_process_cache = second["cache"]
 
 
-def generate_speed(backend: Any, name: str, model: torch.nn.Module, ids: torch.Tensor,
-                   new_tokens: int = 32) -> dict[str, Any]:
-    """Greedy generate() tokens per second: eager fp32 against prepare_model at O3 (with
-    the prompt as sample input), medians of 5 sampled alternately after one warm-up; and
-    whether the tokens are the same."""
-    prepared = backend.prepare_model(model, "O3", sample_input={"input_ids": ids})
-    out: dict[str, Any] = {"model": name, "prompt": list(ids.shape), "new_tokens": new_tokens}
-    tokens = {}
-    calls: list[Callable[[], Any]] = []
-    for label, m in (("eager", model), ("O3", prepared)):
-        def gen(m: Any = m) -> Any:
-            return m.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                              do_sample=False, pad_token_id=0)
-        with torch.inference_mode():
-            tokens[label] = gen()
-        calls.append(gen)
-    # Sampled alternately, so that a busy spell of the machine slows both alike.
-    seconds = interleaved_latency(calls, backend.synchronize, warmup=1, repeats=5)
-    for label, sec in zip(("eager", "O3"), seconds, strict=True):
-        out[f"{label}_tokens_per_s"] = ids.shape[0] * new_tokens / sec
-    out["speedup"] = out["O3_tokens_per_s"] / out["eager_tokens_per_s"]
-    out["same_tokens"] = bool(torch.equal(tokens["eager"], tokens["O3"]))
-    return out
-
-
-def _fresh_compile_caches() -> contextlib.AbstractContextManager[Any]:
+@contextlib.contextmanager
+def _fresh_compile_caches() -> Iterator[None]:
     """Every variant compiles from nothing: dynamo reset, and an empty inductor cache
     directory with its in-memory code caches cleared. Without it a variant reuses the C++
     kernels an earlier one compiled (plain torch.compile at batch 256 took 0.3 s after the
-    batch-32 run had built the same kernels), and first-call times mean nothing."""
+    batch-32 run had built the same kernels), and first-call times mean nothing. The
+    folder is removed afterwards, also when preparing failed (inductor keeps it then)."""
     import torch._inductor.utils as inductor_utils
 
     torch._dynamo.reset()
     fresh = getattr(inductor_utils, "fresh_cache", None) or \
         inductor_utils.fresh_inductor_cache  # name before torch 2.8
-    return fresh()  # type: ignore[no-any-return]
+    with tempfile.TemporaryDirectory(prefix="torchbridge-bench-inductor-") as folder, \
+            fresh(dir=folder):
+        yield
 
 
 @dataclass
@@ -258,155 +372,146 @@ class _Variant:
 
     name: str
     call: Callable[[], Any]
-    first_call_s: float
+    prepare_s: float | None  # None: eager, nothing to prepare
+    first_forward_s: float
     rel_error: float
     compute_dtype: str
     peak_memory_bytes: int | None
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    quantize: dict[str, Any] | None = None  # quantize_outcome's answer
+
+    @property
+    def first_call_s(self) -> float:
+        return (self.prepare_s or 0.0) + self.first_forward_s
+
+
+def quantize_outcome(result: Any) -> dict[str, Any]:
+    """What prepare_model did with the quantize mode asked for, from its report
+    (OptimizationResult.quantization_outcome): mode, status ("applied", "rolled back":
+    the accuracy gate failed, "skipped": not supported here), detail (how, or why not,
+    with the gate's figures when rolled back), and when applied the gate's cosine and
+    argmax agreement on the sample input."""
+    outcome: dict[str, Any] = result.quantization_outcome()
+    return {"cosine": None, "argmax_agreement": None, **outcome}
+
+
+def unsupported_quantize(backend: Any, mode: str) -> str | None:
+    """Why the quantize pass would skip `mode` on this backend's device (None: it runs),
+    asked of the pass's own support table without preparing the model: a skipped mode
+    would otherwise cost a whole O3 preparation to learn the reason."""
+    from torchbridge.optimize.quantize_gate import unsupported
+
+    why = unsupported(mode, backend.get_device_info(), backend.device.type)
+    return None if why is None else f"{mode}: {why}"
 
 
 def _prepare(backend: Any, variant: str, model: torch.nn.Module, x: Any,
              expected: Any) -> _Variant:
     with _fresh_compile_caches():
         compute_dtype = "float32"
+        passes: list[dict[str, Any]] = []
+        quantized = None
         started = time.perf_counter()
         run_model: Callable[..., Any]
+        prepare_s: float | None = None
         if variant == "eager":
             run_model = model
         elif variant == "compile":
             run_model = torch.compile(copy.deepcopy(model))
+            prepare_s = time.perf_counter() - started
         else:
             # With the sample input, as a user who has one would: passes may measure it.
             # "O3 no sample": as a user without one.
-            level, _, blind = variant.partition(" ")
-            result = backend.optimize(model, level, sample_input=None if blind else x)
+            level, with_sample, mode = parse_variant(variant)
+            result = backend.optimize(model, level, sample_input=x if with_sample else None,
+                                      quantize=quantize_argument(mode))
+            prepare_s = time.perf_counter() - started
             run_model = result.model
+            passes = [{"name": p.name, "status": p.status, "seconds": p.seconds}
+                      for p in result.passes]
             if any(p.name == "autocast" and p.status == "applied" for p in result.passes):
                 compute_dtype = dtype_name(backend.low_precision_dtype())
+            if mode is not None:
+                quantized = quantize_outcome(result)
         call = sample_call(backend, x)
         if backend.get_memory_stats().peak_allocated_bytes is not None:
             backend.reset_peak_memory_stats()
+        forward_started = time.perf_counter()
         with torch.inference_mode():
             out = call(run_model)
         backend.synchronize()
-        first_call = time.perf_counter() - started
+        first_forward = time.perf_counter() - forward_started
     _, rel = output_drift(expected, out)
-    return _Variant(variant, lambda: call(run_model), first_call, rel, compute_dtype,
-                    backend.get_memory_stats().peak_allocated_bytes)
+    return _Variant(variant, lambda: call(run_model), prepare_s, first_forward, rel,
+                    compute_dtype, backend.get_memory_stats().peak_allocated_bytes, passes,
+                    quantized)
+
+
+def with_compile_cache(backend: Any, path: str) -> Any:
+    """`backend` with config optimization.compile_cache_dir = `path`."""
+    from torchbridge.backend import Backend
+
+    config = backend.config
+    config = config.model_copy(update={"optimization": config.optimization.model_copy(
+        update={"compile_cache_dir": path})})
+    return Backend(backend.status, config, index=backend.device.index or 0)
 
 
 def _measure(backend: Any, name: str, batch: int, model: torch.nn.Module, x: Any,
              peaks: dict[str, float], progress: Callable[[str], None],
-             variants_run: tuple[str, ...] = VARIANTS) -> list[Row]:
+             variants_run: tuple[str, ...] = VARIANTS, cache_root: str | None = None
+             ) -> tuple[list[Row], list[dict[str, Any]]]:
     """Every variant of one model at one batch size: prepared one by one (first call),
     then timed round-robin, so that a slow spell of the machine slows all variants alike
     rather than the one that happened to be running (timed one after the other, an O1
-    that changes nothing came out 1.7x slower than eager)."""
+    that changes nothing came out 1.7x slower than eager). Returns the rows and the
+    variants not timed: model, batch, variant, status "skipped" (a quantize mode the
+    backend does not support) or "failed" (prepare_model raised), and the reason.
+    With `cache_root`, each TorchBridge variant keeps its compiled artifacts in an empty
+    folder of its own there (config optimization.compile_cache_dir): its first call is a
+    cold one whatever the user's config names."""
     flops = _flops(model, x)
     with torch.inference_mode():
         expected = sample_call(_CPU, x)(model)
-    variants = []
+    variants, skipped = [], []
     for variant in variants_run:
         progress(variant)
-        variants.append(_prepare(backend, variant, model, x, expected))
+        mode = parse_variant(variant)[2] if variant not in BASELINES else None
+        why = None if mode is None else unsupported_quantize(backend, mode)
+        if why is not None:
+            skipped.append({"model": name, "batch": batch, "variant": variant,
+                            "status": "skipped", "reason": why})
+            continue
+        try:
+            prepared = _prepare(backend if variant in BASELINES or cache_root is None else
+                                with_compile_cache(backend, tempfile.mkdtemp(dir=cache_root)),
+                                variant, model, x, expected)
+        except TorchBridgeError as exc:
+            if variant in BASELINES:
+                raise
+            # One variant that prepare_model cannot prepare is a finding of the run, not
+            # its end: the row says so, the other variants are measured.
+            logger.warning("bench: %s batch %d %s failed: %s", name, batch, variant, exc)
+            skipped.append({"model": name, "batch": batch, "variant": variant,
+                            "status": "failed", "reason": f"{type(exc).__name__}: {exc}"})
+            continue
+        if prepared.quantize is not None and prepared.quantize["status"] == "skipped":
+            skipped.append({"model": name, "batch": batch, "variant": variant,
+                            "status": "skipped", "reason": prepared.quantize["detail"]})
+            continue
+        variants.append(prepared)
     seconds = interleaved_latency([v.call for v in variants], backend.synchronize, warmup=2,
                                   repeats=10, min_seconds=1.0 * len(variants))
     rows = []
     for v, sec in zip(variants, seconds, strict=True):
         tflops = flops / sec / 1e12
+        q = v.quantize or {}
         rows.append(Row(name, batch, v.name, sec * 1e3, v.first_call_s, v.rel_error, tflops,
                         tflops * 1e12 / peaks[v.compute_dtype], v.compute_dtype,
-                        v.peak_memory_bytes))
-    return rows
-
-
-def targets(report: dict[str, Any]) -> list[tuple[str, bool, str]]:
-    """Issue 3's targets checked against one run: (target, met, evidence)."""
-    rows = report["rows"]
-    out = []
-    hf = report.get("suite") == "hf"
-    for model in sorted({r["model"] for r in rows}):
-        best = max((r for r in rows if r["model"] == model and r["variant"] in
-                    (("O3",) if hf else ("O1", "O2", "O3"))),
-                   key=lambda r: r["speedup_vs_eager"])
-        mine = [r for r in rows if r["model"] == model and r["variant"] == best["variant"]]
-        ok = all(r["speedup_vs_eager"] >= 2 and r["speedup_vs_compile"] >= 1.5 and
-                 r["rel_error"] < 1e-2 for r in mine)
-        evidence = "; ".join(f"b{r['batch']}: {r['speedup_vs_eager']:.2f}x eager, "
-                             f"{r['speedup_vs_compile']:.2f}x compile, err {r['rel_error']:.1e}"
-                             for r in mine)
-        out.append((f"{model} at {best['variant']}: >=2x eager, >=1.5x compile, err<1e-2",
-                    ok, evidence))
-        comp = {r["batch"]: r for r in rows if r["model"] == model and r["variant"] == "compile"}
-        first = [(r, comp[r["batch"]]) for r in mine]
-        ok = all(r["first_call_s"] <= 1.5 * c["first_call_s"] for r, c in first)
-        out.append((f"{model} at {best['variant']}: first call <= 1.5x torch.compile's", ok,
-                    "; ".join(f"b{r['batch']}: {r['first_call_s']:.1f}s vs "
-                              f"{c['first_call_s']:.1f}s" for r, c in first)))
-        blind = [r for r in rows if r["model"] == model and r["variant"] == "O3 no sample"]
-        if blind:
-            out.append((f"{model} at O3 without a sample input: not slower than eager",
-                        all(r["speedup_vs_eager"] >= 1.0 for r in blind),
-                        "; ".join(f"b{r['batch']}: {r['speedup_vs_eager']:.2f}x eager"
-                                  for r in blind)))
-    mlp = [r for r in rows if r["model"] == "mlp" and r["batch"] == 256 and
-           r["variant"] in ("O1", "O2", "O3") and r["compute_dtype"] != "float32"]
-    if mlp:
-        top = max(mlp, key=lambda r: r["peak_fraction"])
-        out.append(("mlp batch 256: >=60% of the low-precision matmul peak",
-                    top["peak_fraction"] >= 0.6, f"{top['variant']}: "
-                    f"{top['peak_fraction']:.0%} of the {top['compute_dtype']} peak"))
-    return out
-
-
-def render(report: dict[str, Any]) -> str:
-    peaks = ", ".join(f"{k} {v:.3f}" for k, v in report["matmul_peak_tflops"].items())
-    lines = [f"backend {report['backend']} ({report['device']}), torch {report['torch']}, "
-             f"{report['threads']} threads; matmul peak TFLOP/s: {peaks}", "",
-             "| model | batch | variant | latency ms | vs eager | vs compile | first call s "
-             "| rel error | TFLOP/s | % of peak (dtype) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in report["rows"]:
-        lines.append(f"| {r['model']} | {r['batch']} | {r['variant']} | {r['latency_ms']:.2f} "
-                     f"| {r['speedup_vs_eager']:.2f}x | {r['speedup_vs_compile']:.2f}x "
-                     f"| {r['first_call_s']:.1f} | {r['rel_error']:.1e} | {r['tflops']:.3f} "
-                     f"| {r['peak_fraction']:.0%} ({r['compute_dtype']}) |")
-    for key, prof in report.get("matmul_profile", {}).items():
-        lines.append(f"{key}: eager fp32 {prof['eager_ms']:.1f} ms, "
-                     f"{prof['kernel_share']:.0%} in matmul/attention/conv kernels; top "
-                     f"matmuls (MxKxN, time share, fp32 rate): "
-                     f"{', '.join(prof['top_matmuls'])}")
-    for g in report.get("generation", []):
-        lines.append(f"generate {g['model']} prompt {g['prompt']}, {g['new_tokens']} new "
-                     f"tokens: eager {g['eager_tokens_per_s']:.1f} tok/s, O3 "
-                     f"{g['O3_tokens_per_s']:.1f} tok/s ({g['speedup']:.2f}x), same tokens: "
-                     f"{g['same_tokens']}")
-    lines += ["", "targets:"]
-    lines += [f"  [{'met' if ok else 'MISSED'}] {name}: {ev}" for name, ok, ev in
-              targets(report)]
-    return "\n".join(lines)
-
-
-def plot(report: dict[str, Any], path: str) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ImportError("--plot needs matplotlib: pip install matplotlib") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = report["rows"]
-    keys = sorted({(r["model"], r["batch"]) for r in rows})
-    fig, ax = plt.subplots(figsize=(max(8, len(keys) * 1.4), 4.5))
-    width = 0.8 / len(VARIANTS)
-    for i, variant in enumerate(VARIANTS):
-        vals = [next(r["speedup_vs_eager"] for r in rows if (r["model"], r["batch"]) == k
-                     and r["variant"] == variant) for k in keys]
-        ax.bar([j + i * width for j in range(len(keys))], vals, width, label=variant)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))],
-                  [f"{m}\nb{b}" for m, b in keys])
-    ax.set_ylabel("speedup over eager fp32")
-    ax.axhline(1.0, color="gray", linewidth=0.8)
-    ax.legend()
-    ax.set_title(f"prepare_model on {report['device']} ({report['backend']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+                        v.peak_memory_bytes, prepare_s=v.prepare_s,
+                        first_forward_s=v.first_forward_s, passes=v.passes,
+                        quantize=q.get("mode"), quantize_status=q.get("status"),
+                        quantize_cosine=q.get("cosine"),
+                        quantize_argmax_agreement=q.get("argmax_agreement"),
+                        quantize_detail=q.get("detail")))
+    return rows, skipped

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pluggy
 import torch
@@ -313,7 +313,7 @@ class Backend:
     # -- models ---------------------------------------------------------------------------
     def optimize(self, model: nn.Module, level: Any = None, sample_input: Any = None,
                  measure: bool = False, *, inplace: bool = False, strict: bool | None = None,
-                 quantize: str | None = None) -> OptimizationResult:
+                 quantize: str | Literal[False] | None = None) -> OptimizationResult:
         """Run the pass pipeline at `level` (default: config.optimization_level) and return
         the full report: passes applied, skipped (why) and failed (error); output drift
         against O0 when `sample_input` is given; measured speedup when `measure=True`.
@@ -328,7 +328,7 @@ class Backend:
 
     def prepare_model(self, model: nn.Module, level: Any = None, *, sample_input: Any = None,
                       inplace: bool = False, strict: bool | None = None,
-                      distributed: str | None = None, quantize: str | None = None
+                      distributed: str | None = None, quantize: str | Literal[False] | None = None
                       ) -> nn.Module:
         """The prepared model. Its report: `torchbridge.optimization_result(prepared)`.
 

@@ -25,7 +25,7 @@ import platform
 import tempfile
 import time
 import unittest.mock
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,8 +33,14 @@ import torch
 
 from torchbridge.bench_profile import generate_speed, matmul_profile
 from torchbridge.bench_render import plot, render, targets
+from torchbridge.bench_variants import (
+    QUANTIZED_MODES,
+    build,
+    parse_variant,
+    quantize_argument,
+    references,
+)
 from torchbridge.errors import TorchBridgeError
-from torchbridge.models import reference_models
 from torchbridge.optimize.measure import (
     interleaved_latency,
     median_latency,
@@ -48,11 +54,9 @@ __all__ = ["run", "render", "targets", "plot", "machine", "matmul_profile", "gen
            "BASELINES", "LEVELS", "QUANTIZED_MODES"]
 
 logger = logging.getLogger(__name__)
-BATCHES = {"mlp": (32, 256), "convnet": (8, 64), "encoder": (8, 32), "decoder_lm": (4, 16)}
 BASELINES = ("eager", "compile")  # always run: the speedups are against them
 LEVELS = ("O1", "O2", "O3")
 # The hf suite's extra rows beside O3: prepared without a sample input, and quantized.
-QUANTIZED_MODES = ("int8", "int8_weight_only", "int4_weight_only", "float8")
 HF_EXTRAS = ("O3 no sample", *(f"O3 {mode}" for mode in QUANTIZED_MODES))
 VARIANTS = (*BASELINES, *LEVELS)  # the reference suite's default
 # The CPU flags that decide how fast low precision runs (torch's names).
@@ -98,13 +102,16 @@ class Row:
 def machine(backend: Any = None) -> dict[str, Any]:
     """What a figure was measured on: CPU model and the flags that decide low-precision
     speed (present and absent), torch, threads, Python, date; the backend and its device."""
-    from torchbridge.builtin.cpu import host
+    import torchbridge
 
-    cpu = host.cpu_name()
-    family, model = host._cpuinfo_field("cpu family"), host._cpuinfo_field("model\t")
+    # The host CPU whatever the backend: its name as the CPU backend describes it, its
+    # family and model (the generation), and torch's view of its features.
+    cpu = torchbridge.get_backend("cpu").get_device_info().name
+    family, model = _cpuinfo("cpu family"), _cpuinfo("model\t")
     if family is not None and model is not None:
         cpu += f" (family {family}, model {model})"
-    flags = host.cpu_flags()
+    flags = {name.lower() for name, present in torch.cpu.get_capabilities().items()
+             if present is True}
     out: dict[str, Any] = {
         "cpu": cpu, "cpu_flags": [f for f in SPEED_FLAGS if f in flags],
         "cpu_flags_absent": [f for f in SPEED_FLAGS if f not in flags],
@@ -115,6 +122,15 @@ def machine(backend: Any = None) -> dict[str, Any]:
         out["backend"] = backend.name
         out["device"] = backend.get_device_info().name
     return out
+
+
+def _cpuinfo(key: str) -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith(key)), None)
+    except OSError:
+        return None
 
 
 def _load_average() -> float | None:
@@ -152,24 +168,6 @@ class _Host:
 _CPU = _Host()
 
 
-def parse_variant(variant: str) -> tuple[str, bool, str | None]:
-    """(level, with a sample input, quantize mode) of a TorchBridge variant: "O3",
-    "O3 no sample", "O3 int8". An unknown level is a ConfigurationError naming the levels;
-    an unknown suffix a ValueError."""
-    from torchbridge.levels import OptimizationLevel
-
-    level_name, _, rest = variant.partition(" ")
-    level = OptimizationLevel.parse(level_name).value
-    if not rest:
-        return level, True, None
-    if rest == "no sample":
-        return level, False, None
-    if rest in QUANTIZED_MODES:
-        return level, True, rest
-    raise ValueError(f"variant {variant!r}: after the level, expected 'no sample' or a "
-                     f"quantize mode ({', '.join(QUANTIZED_MODES)})")
-
-
 def variants_for(suite: str, levels: Iterable[str] | None) -> tuple[str, ...]:
     """The variants a run measures: the baselines, then each level. In the hf suite a plain
     "O3" brings its extra rows (no sample input, each quantize mode); a level may also name
@@ -185,31 +183,6 @@ def variants_for(suite: str, levels: Iterable[str] | None) -> tuple[str, ...]:
         if suite == "hf" and variant == "O3":
             chosen.extend(HF_EXTRAS)
     return tuple(dict.fromkeys([*BASELINES, *chosen]))
-
-
-def _references(suite: str, scale: float) -> tuple[list[Any], Mapping[str, tuple[int, ...]]]:
-    if suite == "hf":
-        from torchbridge import hf_models
-
-        return hf_models.hf_reference_models(scale), hf_models.BATCHES
-    if suite != "reference":
-        raise ValueError(f"suite {suite!r}: expected 'reference' or 'hf'")
-    return reference_models(scale), BATCHES
-
-
-def build(suite: str, name: str, batch: int, scale: float) -> tuple[torch.nn.Module, Any]:
-    """Model `name` of `suite` and its input at `batch`: the same weights and input in
-    every process (seeded), so that a second process prepares the very same model."""
-    refs, _ = _references(suite, scale)
-    ref = next(r for r in refs if r.name == name)
-    torch.manual_seed(0)
-    return ref.build().eval(), ref.make_input(batch)
-
-
-def quantize_argument(mode: str | None) -> Any:
-    """prepare_model's quantize argument for a variant: its mode, else False (no
-    quantization, whatever config optimization.quantize says: "O3" rows are unquantized)."""
-    return mode if mode is not None else False
 
 
 def _warm_inductor() -> None:
@@ -246,7 +219,7 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
     dtypes = [torch.float32] + ([low] if low is not None else [])
     peaks = {dtype_name(d): matmul_peak(d) for d in dtypes}
     variants = variants_for(suite, levels)
-    refs, default_sizes = _references(suite, scale)
+    refs, default_sizes = references(suite, scale)
     chosen = [m for m in refs if models is None or m.name in models]
     sizes: dict[str, tuple[int, ...]] = (
         {m.name: (batch,) for m in chosen} if batch is not None
@@ -427,8 +400,12 @@ def _prepare(backend: Any, variant: str, model: torch.nn.Module, x: Any,
                                       quantize=quantize_argument(mode))
             prepare_s = time.perf_counter() - started
             run_model = result.model
+            # The passes, then prepare_model's stages outside them (the O0 reference run,
+            # the final check, keep-the-faster timing), named in parentheses.
             passes = [{"name": p.name, "status": p.status, "seconds": p.seconds}
-                      for p in result.passes]
+                      for p in result.passes] + [
+                {"name": f"({stage.replace('_', ' ')})", "status": "stage", "seconds": sec}
+                for stage, sec in result.stage_seconds.items()]
             if any(p.name == "autocast" and p.status == "applied" for p in result.passes):
                 compute_dtype = dtype_name(backend.low_precision_dtype())
             if mode is not None:

@@ -6,7 +6,7 @@ that an earlier process prepared already, reusing the compiled artifacts it left
     python -m torchbridge.bench_firstcall --suite hf --model llama --batch 4 --variant O3 \\
         --cache-dir DIR
 
-Each builds the same model and input (torchbridge.bench.build: seeded), then times
+Each builds the same model and input (torchbridge.bench_variants.build: seeded), then times
 prepare_model (or torch.compile) plus the first forward and prints one JSON line: the
 seconds, and inductor's cache hits and misses. The first process fills the folder, the
 second reuses it. TorchBridge variants find the folder through config
@@ -103,7 +103,7 @@ def first_call(suite: str, model_name: str, batch: int, variant: str, scale: flo
     import torch
 
     import torchbridge
-    from torchbridge.bench import build, parse_variant, quantize_argument
+    from torchbridge.bench_variants import build, parse_variant, quantize_argument
 
     if variant == "compile" or parse_variant(variant)[0] not in ("O0", "O1"):
         # Imported before the clock starts, as in the benchmark's process: O0 and O1

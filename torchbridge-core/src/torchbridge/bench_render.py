@@ -60,8 +60,9 @@ def _not_timed(s: dict[str, Any]) -> str:
 
 
 def _first_call_table(report: dict[str, Any]) -> list[str]:
-    lines = ["where the first call's time goes (seconds; prepare_model's passes from its "
-             "report, slowest first; rest: prepare_model outside its passes):",
+    lines = ["where the first call's time goes (seconds; prepare_model's passes and, in "
+             "parentheses, its stages outside them, from its report, slowest first; rest: "
+             "the remainder):",
              "",
              "| model | batch | variant | first call | torch.compile / prepare_model | "
              "passes | first forward |",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -147,7 +147,7 @@ def check_strategy(strategy: object) -> str:
 
 def prepare_distributed(backend: Backend, model: nn.Module, level: Any, strategy: object, *,
                         sample_input: Any = None, inplace: bool = False,
-                        strict: bool | None = None, quantize: str | None = None
+                        strict: bool | None = None, quantize: str | Literal[False] | None = None
                         ) -> nn.Module:
     """The level's passes through `backend.optimize`, then the distributed wrapper around
     their result (see the module text for the order). The report gains the wrapper as its

@@ -25,12 +25,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("torchbridge.optimize.pipeline")
 
-# Few calls of the model when one candidate is clearly the fastest (a warm-up round and
-# 3 timed rounds: 12 calls for 3 candidates), up to 9 rounds when the two fastest are
-# within 5%: timing stays a small part of preparing, and a close race gets a median that
-# one noisy sample does not decide. At least 0.3 s of samples for models that run in
-# microseconds.
-WARMUP, REPEATS, MAX_REPEATS, MIN_SECONDS = 1, 3, 9, 0.3
+# Few calls of the model when one candidate is clearly the fastest: 2 timed rounds (6
+# calls for 3 candidates; no warm-up round: each candidate has run on the sample input
+# already, O0 for the reference, the prepared model for its checks, the uncompiled forward
+# for the checks of the passes before compile), up to 7 rounds while the two fastest are
+# within 10%: timing stays a small part of preparing (a first call users wait for), and a
+# close race gets a median that one noisy sample does not decide. At least 0.3 s of
+# samples for models that run in microseconds.
+WARMUP, REPEATS, MAX_REPEATS, MIN_SECONDS, MARGIN = 0, 2, 7, 0.3, 0.10
 COMPILE_PASS = "compile"
 
 
@@ -65,7 +67,7 @@ def time_candidates(run: Run, baseline: nn.Module, timer: Timer) -> dict[str, fl
             stack.enter_context(preserved_state(model))
             model.eval()
         return round_robin(candidates, timer, warmup=WARMUP, repeats=REPEATS,
-                           max_repeats=MAX_REPEATS, min_seconds=MIN_SECONDS)
+                           max_repeats=MAX_REPEATS, min_seconds=MIN_SECONDS, margin=MARGIN)
 
 
 def _applied(run: Run, name: str) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import difflib
 import logging
+import time
 import typing
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -240,11 +241,15 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
         result.notes.extend(ctx.notes)
         run.check_effects()
         run.settle_settings()
+        started = time.perf_counter()
         run.final_check()
+        result.stage_seconds["final_check"] = time.perf_counter() - started
         work = result.model = run.work
         if baseline is not None:
+            started = time.perf_counter()
             keep_fastest(run, baseline, timer or fastest.default_timer(backend.synchronize),
                          decide=not model.training)
+            result.stage_seconds["timing"] = time.perf_counter() - started
             work = result.model = run.work
         result.kernel_substitutions = ctx.state.get("kernel_substitutions", [])
         result.quantization = ctx.state.get("quantization")

@@ -46,6 +46,9 @@ class OptimizationResult:
     # One entry per module the kernel_substitution pass looked at: module, pattern, op,
     # status (substituted or kept), implementation and plugin, detail, rejected (why not).
     kernel_substitutions: list[dict[str, Any]] = field(default_factory=list)
+    # Seconds prepare_model spent outside the passes: "reference" (O0 on the sample input),
+    # "final_check" (the prepared model against it once more), "timing" (keep the faster).
+    stage_seconds: dict[str, float] = field(default_factory=dict)
     # Process-wide settings the applied passes changed: name, before, after, and scope
     # ("call": in force only around the prepared model's calls; "process": left changed).
     process_settings: list[SettingChange] = field(default_factory=list)
@@ -132,6 +135,7 @@ class OptimizationResult:
             "speedup": self.speedup, "baseline_seconds": self.baseline_seconds,
             "optimized_seconds": self.optimized_seconds,
             "kernel_substitutions": self.kernel_substitutions,
+            "stage_seconds": self.stage_seconds,
             "process_settings": [c.to_dict() for c in self.process_settings],
             "quantization": self.quantization_outcome(),
         }

@@ -151,7 +151,9 @@ class Run:
         if self.call is not None and not self.have_reference and p.order > 0:
             # O0's output: the model as given, placed on the device.
             try:
+                started = time.perf_counter()
                 self.reference = _run_sample(self.work, self.call)
+                self.result.stage_seconds["reference"] = time.perf_counter() - started
             except Exception as exc:
                 raise ModelOptimizationError(
                     f"the model raised on the sample input before any pass ran: "
@@ -162,10 +164,11 @@ class Run:
         try:
             reason = skip_reason(p, plugin, self.work, ctx)
         except Exception as exc:
-            self._failed(plugin, p, exc)
+            self._failed(plugin, p, exc, time.perf_counter() - started)
             return
         if reason is not None:
-            result.passes.append(PassRecord(p.name, "skipped", reason, plugin))
+            result.passes.append(PassRecord(p.name, "skipped", reason, plugin,
+                                            time.perf_counter() - started))
             return
         before = ModelSnapshot(self.work, watched(p.settings), self.last, self.unchanged)
         saved_state, saved_notes = _copy_state(ctx.state), len(ctx.notes)
@@ -200,7 +203,7 @@ class Run:
             self.last, self.unchanged = before, {id(r.tensor) for r in before.tensors}
             if is_fatal(exc):
                 raise
-            self._failed(plugin, p, exc)
+            self._failed(plugin, p, exc, time.perf_counter() - started)
             return
         self.work = out
         self.last, self.unchanged = before, changes.unchanged
@@ -211,9 +214,11 @@ class Run:
         result.passes.append(PassRecord(p.name, "applied", p.description, plugin, seconds))
         logger.info("pass %s (plugin %s) applied in %.2f s", p.name, plugin, seconds)
 
-    def _failed(self, plugin: str, p: OptimizationPass, exc: BaseException) -> None:
+    def _failed(self, plugin: str, p: OptimizationPass, exc: BaseException,
+                seconds: float = 0.0) -> None:
         if isinstance(exc, PassSkipped):
-            self.result.passes.append(PassRecord(p.name, "skipped", str(exc), plugin))
+            self.result.passes.append(PassRecord(p.name, "skipped", str(exc), plugin,
+                                                 seconds))
             return
         if isinstance(exc, _Lied):
             error = f"rolled back: the pass {exc}"
@@ -226,7 +231,7 @@ class Run:
             error = f"{type(exc).__name__}: {exc}"
         logger.warning("pass %s (plugin %s) failed and was rolled back: %s", p.name,
                        plugin, error)
-        self.result.passes.append(PassRecord(p.name, "failed", error, plugin))
+        self.result.passes.append(PassRecord(p.name, "failed", error, plugin, seconds))
         if self.strict:
             if isinstance(exc, TorchBridgeError):
                 raise exc  # already names the problem (a plugin's own error class)

@@ -123,3 +123,19 @@ def test_a_clear_winner_costs_few_rounds_a_close_race_more() -> None:
     assert count({"a": 1.0, "b": 2.0}) == 3
     assert count({"a": 1.0, "b": 1.01}) == 9
     assert count({"a": 1.0}) == 3
+
+
+def test_candidates_run_in_the_grad_mode_they_were_compiled_in(backend: Any) -> None:
+    """The checks compile the model under no_grad; timed under inference_mode it would
+    recompile inside the timing (dynamo guards on the grad mode) and look seconds slower
+    than it is. Every timed call runs under no_grad, outside inference mode."""
+    modes: list[tuple[bool, bool]] = []
+
+    def timer(label: str, fn: Callable[[], Any]) -> float:
+        modes.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+        fn()
+        return {"prepared": 1.0, "uncompiled": 2.0}.get(label, 3.0)
+
+    result = run_pipeline(backend, _mlp(), "O2", sample_input=torch.randn(4, 32), timer=timer)
+    assert "compile" in result.optimizations_applied
+    assert modes and set(modes) == {(False, False)}

@@ -25,14 +25,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("torchbridge.optimize.pipeline")
 
-# Few calls of the model when one candidate is clearly the fastest: 2 timed rounds (6
-# calls for 3 candidates; no warm-up round: each candidate has run on the sample input
-# already, O0 for the reference, the prepared model for its checks, the uncompiled forward
-# for the checks of the passes before compile), up to 7 rounds while the two fastest are
+# Few calls of the model when one candidate is clearly the fastest: a warm-up round, then
+# 3 timed rounds (12 calls for 3 candidates), up to 9 rounds while the two fastest are
 # within 10%: timing stays a small part of preparing (a first call users wait for), and a
-# close race gets a median that one noisy sample does not decide. At least 0.3 s of
-# samples for models that run in microseconds.
-WARMUP, REPEATS, MAX_REPEATS, MIN_SECONDS, MARGIN = 0, 2, 7, 0.3, 0.10
+# close race gets a median that one noisy sample does not decide (Llama, compiled 20 ms
+# against 24 ms uncompiled, once timed the other way round on 2 samples). At least 0.3 s of
+# samples for models that run in microseconds. The calls run under no_grad, as the
+# pipeline's checks did (preserved_state): under inference_mode a compiled model would
+# recompile inside the timing and look seconds slower than it is (seen: "prepared 1100
+# ms" against 33 ms for O0, and compile undone for it).
+WARMUP, REPEATS, MAX_REPEATS, MIN_SECONDS, MARGIN = 1, 3, 9, 0.3, 0.10
 COMPILE_PASS = "compile"
 
 
@@ -67,7 +69,8 @@ def time_candidates(run: Run, baseline: nn.Module, timer: Timer) -> dict[str, fl
             stack.enter_context(preserved_state(model))
             model.eval()
         return round_robin(candidates, timer, warmup=WARMUP, repeats=REPEATS,
-                           max_repeats=MAX_REPEATS, min_seconds=MIN_SECONDS, margin=MARGIN)
+                           max_repeats=MAX_REPEATS, min_seconds=MIN_SECONDS, margin=MARGIN,
+                           inference_mode=False)
 
 
 def _applied(run: Run, name: str) -> bool:
@@ -109,7 +112,8 @@ def _undo(run: Run, stop: Callable[[Any], bool] | None, why: str) -> list[str]:
         entry = run.undo_last()
         undone.append(entry.p.name)
         run.result.passes[entry.record] = PassRecord(
-            entry.p.name, "skipped", f"undone after timing: {why}", entry.plugin)
+            entry.p.name, "skipped", f"undone after timing: {why}", entry.plugin,
+            run.result.passes[entry.record].seconds)
         if stop is not None and stop(entry):
             break
     return undone

@@ -148,7 +148,7 @@ def wall_timer(synchronize: Callable[[], None]) -> Timer:
 
 def round_robin(candidates: dict[str, Callable[[], Any]], timer: Timer, *, warmup: int = 3,
                 repeats: int = 10, min_seconds: float = 0.2, max_repeats: int | None = None,
-                margin: float = 0.05) -> dict[str, float]:
+                margin: float = 0.05, inference_mode: bool = True) -> dict[str, float]:
     """Median seconds of each candidate, sampled round-robin so that drift in machine state
     (thread pools waking, caches, frequency, a noisy neighbour) falls on all alike.
     Sampling goes on past `repeats` rounds until the samples add up to `min_seconds`
@@ -156,9 +156,13 @@ def round_robin(candidates: dict[str, Callable[[], Any]], timer: Timer, *, warmu
 
     With `max_repeats`, sampling stops early once the fastest median leads the next by more
     than `margin`, and goes on to `max_repeats` rounds while they are closer: a clear
-    winner costs few calls of the model, a close race gets more samples."""
+    winner costs few calls of the model, a close race gets more samples.
+
+    `inference_mode=False`: the calls run in the caller's grad mode. A compiled model
+    called under another grad mode than the one it was compiled in recompiles (dynamo
+    guards on it): timed so, its first samples are a compile, not a call."""
     cap = max(max_repeats or repeats, repeats)
-    with torch.inference_mode():
+    with torch.inference_mode() if inference_mode else contextlib.nullcontext():
         for _ in range(warmup):
             for fn in candidates.values():
                 fn()

@@ -183,8 +183,8 @@ def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Modu
 #   not used; PT2E X86InductorQuantizer, dynamic: 2.07x, cosine 0.99907 against
 #   0.99968, and the model becomes an exported GraphModule (no generate, no cache: HF's
 #   DynamicCache output cannot be exported): quantize_ it is.
-# Float32 activations beat bfloat16 by ~10% here: at O3 on this CPU,
-# optimization.disabled_passes=["autocast"] gives that (low_precision_weights follows).
+# Float32 activations beat bfloat16 here, so with int8 on a CPU the autocast pass skips
+# itself (core_passes._autocast_check; low_precision_weights follows).
 QUANTIZE_ORDER = 64
 
 

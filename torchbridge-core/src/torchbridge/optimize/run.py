@@ -169,6 +169,7 @@ class Run:
         if reason is not None:
             result.passes.append(PassRecord(p.name, "skipped", reason, plugin,
                                             time.perf_counter() - started))
+            logger.info("pass %s (plugin %s) skipped: %s", p.name, plugin, reason)
             return
         before = ModelSnapshot(self.work, watched(p.settings), self.last, self.unchanged)
         saved_state, saved_notes = _copy_state(ctx.state), len(ctx.notes)

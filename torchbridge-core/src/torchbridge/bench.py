@@ -110,8 +110,13 @@ def machine(backend: Any = None) -> dict[str, Any]:
     family, model = _cpuinfo("cpu family"), _cpuinfo("model\t")
     if family is not None and model is not None:
         cpu += f" (family {family}, model {model})"
-    flags = {name.lower() for name, present in torch.cpu.get_capabilities().items()
-             if present is True}
+    get_capabilities = getattr(torch.cpu, "get_capabilities", None)  # not in every torch
+    if get_capabilities is not None:
+        flags = {name.lower() for name, present in get_capabilities().items()
+                 if present is True}
+    else:  # /proc/cpuinfo spells "avx512bf16" what torch spells "avx512_bf16"
+        flags = {f"avx512_{f[6:]}" if f.startswith("avx512") and not f.startswith("avx512_")
+                 else f for f in (_cpuinfo("flags") or "").lower().split()}
     out: dict[str, Any] = {
         "cpu": cpu, "cpu_flags": [f for f in SPEED_FLAGS if f in flags],
         "cpu_flags_absent": [f for f in SPEED_FLAGS if f not in flags],

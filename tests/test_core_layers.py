@@ -110,7 +110,7 @@ def test_core_modules_form_no_import_cycle() -> None:
 
 LAYERS = [
     {"torchbridge.errors", "torchbridge.types", "torchbridge.hookspecs",
-     "torchbridge.trees", "torchbridge.suggestions"},
+     "torchbridge.trees", "torchbridge.suggestions", "torchbridge.cpu_features"},
     # The Triton kernels need only the errors; whatever wraps them as ops sits above.
     {"torchbridge.kernels.triton._launch"},
     {"torchbridge.kernels.triton.rms_norm", "torchbridge.kernels.triton.silu_mul",

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torchbridge
+from torchbridge import cpu_features
 from torchbridge.builtin.cpu import host
 
 # The ISA part of /proc/cpuinfo's flags line (Linux cpufeature names) of each CPU.
@@ -54,7 +55,7 @@ def cpuinfo(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
         return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
 
     monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
-    monkeypatch.setattr(host, "open", fake_open, raising=False)
+    monkeypatch.setattr(cpu_features, "open", fake_open, raising=False)
     host.cpu_flags.cache_clear()
     yield lines
     host.cpu_flags.cache_clear()
@@ -88,8 +89,8 @@ def test_cpuinfo_and_torch_spell_avx512_flags_the_same(monkeypatch: pytest.Monke
         assert host.bf16_unit() == "amx_bf16"
     finally:
         host.cpu_flags.cache_clear()
-    assert host._canonical("avx512vl") == "avx512_vl"
-    assert host._canonical("avx512_vbmi2") == "avx512_vbmi2"
+    assert cpu_features.canonical_flag("avx512vl") == "avx512_vl"
+    assert cpu_features.canonical_flag("avx512_vbmi2") == "avx512_vbmi2"
 
 
 def test_o2_autocast_only_with_native_bf16(cpuinfo: dict[str, str]) -> None:

@@ -17,6 +17,7 @@ import torchbridge
 from test_cpu_isa import CPUINFO
 from torch import nn
 from torchbridge.builtin.cpu import host
+from torchbridge.cpu_features import canonical_flag
 from torchbridge.errors import ConfigurationError
 from torchbridge.optimize.quantize_gate import accuracy, unsupported
 from torchbridge.types import DeviceInfo
@@ -53,7 +54,7 @@ def cpu_is(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
     that file's /proc/cpuinfo fixture it keeps get_capabilities: torch and torchao call
     it while quantizing."""
     def use(cpu: str) -> None:
-        flags = {host._canonical(f): True for f in CPUINFO[cpu].split()}
+        flags = {canonical_flag(f): True for f in CPUINFO[cpu].split()}
         monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: flags, raising=False)
         host.cpu_flags.cache_clear()
     yield use

@@ -40,6 +40,7 @@ from torchbridge.bench_variants import (
     quantize_argument,
     references,
 )
+from torchbridge.cpu_features import cpu_flags, cpuinfo_field
 from torchbridge.errors import TorchBridgeError
 from torchbridge.optimize.measure import (
     interleaved_latency,
@@ -105,18 +106,12 @@ def machine(backend: Any = None) -> dict[str, Any]:
     import torchbridge
 
     # The host CPU whatever the backend: its name as the CPU backend describes it, its
-    # family and model (the generation), and torch's view of its features.
+    # family and model (the generation), and its features.
     cpu = torchbridge.get_backend("cpu").get_device_info().name
-    family, model = _cpuinfo("cpu family"), _cpuinfo("model\t")
+    family, model = cpuinfo_field("cpu family"), cpuinfo_field("model\t")
     if family is not None and model is not None:
         cpu += f" (family {family}, model {model})"
-    get_capabilities = getattr(torch.cpu, "get_capabilities", None)  # not in every torch
-    if get_capabilities is not None:
-        flags = {name.lower() for name, present in get_capabilities().items()
-                 if present is True}
-    else:  # /proc/cpuinfo spells "avx512bf16" what torch spells "avx512_bf16"
-        flags = {f"avx512_{f[6:]}" if f.startswith("avx512") and not f.startswith("avx512_")
-                 else f for f in (_cpuinfo("flags") or "").lower().split()}
+    flags = cpu_flags()
     out: dict[str, Any] = {
         "cpu": cpu, "cpu_flags": [f for f in SPEED_FLAGS if f in flags],
         "cpu_flags_absent": [f for f in SPEED_FLAGS if f not in flags],
@@ -127,15 +122,6 @@ def machine(backend: Any = None) -> dict[str, Any]:
         out["backend"] = backend.name
         out["device"] = backend.get_device_info().name
     return out
-
-
-def _cpuinfo(key: str) -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f
-                         if line.startswith(key)), None)
-    except OSError:
-        return None
 
 
 def _load_average() -> float | None:

@@ -6,33 +6,10 @@ import functools
 import os
 import platform
 
-import torch
+from torchbridge.cpu_features import cpu_flags, cpuinfo_field
 
-
-def _canonical(flag: str) -> str:
-    """One name per feature: /proc/cpuinfo writes "avx512f", "avx512bw", torch's
-    get_capabilities "avx512_f", "avx512_bw"; both become the latter."""
-    flag = flag.lower()
-    if flag.startswith("avx512") and not flag.startswith("avx512_"):
-        return "avx512_" + flag[len("avx512"):]
-    return flag
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (lower case, torch's names), from torch when it can tell, else
-    /proc/cpuinfo."""
-    get_capabilities = getattr(torch.cpu, "get_capabilities", None)  # torch >= 2.8
-    if get_capabilities is not None:
-        return frozenset(_canonical(k) for k, v in get_capabilities().items() if v is True)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(_canonical(flag) for flag in line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+__all__ = ["cpu_flags", "has_native_bf16", "matrix_features", "bf16_unit", "cpu_name",
+           "cpu_vendor", "host_memory"]
 
 
 def has_native_bf16() -> bool:
@@ -64,16 +41,9 @@ def bf16_unit() -> str | None:
 _VENDORS = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD", "HygonGenuine": "Hygon"}
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=8)
 def _cpuinfo_field(key: str) -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(key):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
+    return cpuinfo_field(key)
 
 
 def cpu_name() -> str:

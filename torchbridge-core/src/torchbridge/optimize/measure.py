@@ -196,13 +196,3 @@ def interleaved_latency(fns: list[Callable[[], Any]], synchronize: Callable[[], 
     seconds = round_robin(named, wall_timer(synchronize), warmup=warmup, repeats=repeats,
                           min_seconds=min_seconds)
     return [seconds[str(i)] for i in range(len(fns))]
-
-
-def compare_latency(baseline: Callable[[], Any], candidate: Callable[[], Any],
-                    synchronize: Callable[[], None], *, warmup: int = 3, repeats: int = 10,
-                    min_seconds: float = 0.2) -> tuple[float, float]:
-    """Median seconds of (baseline, candidate), sampled alternately: timing one after the
-    other showed a 1.49x "speedup" for an unchanged model."""
-    base, cand = interleaved_latency([baseline, candidate], synchronize, warmup=warmup,
-                                     repeats=repeats, min_seconds=2 * min_seconds)
-    return base, cand

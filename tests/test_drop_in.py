@@ -364,3 +364,50 @@ def test_a_deep_copy_of_a_prepared_model_runs_its_own_weights() -> None:
     out = twin(x)
     assert out.dtype == torch.float32 and (out - before).min() > 9  # the copy's weights
     assert type(twin) is nn.Sequential and list(twin.state_dict()) == list(model.state_dict())
+
+
+@dataclasses.dataclass
+class Fresh:
+    """An output type only the test below returns: pytree meets it there first."""
+
+    logits: torch.Tensor
+    extra: dict[str, torch.Tensor]
+
+
+@pytest.mark.parametrize("with_sample", [True, False])
+def test_compiled_autocast_model_keeps_new_output_types_in_one_graph(with_sample: bool
+                                                                     ) -> None:
+    """O3 compiles the autocast forward with its cast back to float32. An output type
+    pytree does not know yet (Fresh, never walked before) is registered
+    outside the compiled region, and the model still compiles and runs compiled; once it is
+    known, the cast is traced with the model: one compiled graph, no break at its end."""
+    from torch._dynamo.utils import counters
+    from torchbridge.optimize.forward import compile_state
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> Fresh:
+            h = self.lin(x)
+            return Fresh(h, {"h": h.relu()})
+
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    counters.clear()
+    model, x = Model().eval(), torch.randn(4, 8)
+    expected = model(x)
+    config = torchbridge.TorchBridgeConfig(precision="bfloat16")
+    result = cpu(config).optimize(model, "O3", sample_input=x if with_sample else None)
+    with torch.no_grad():
+        out = result.model(x)
+        out = result.model(x)
+    assert type(out) is Fresh
+    assert all(t.dtype == torch.float32 for t in trees.tensors(out))
+    torch.testing.assert_close(out.logits, expected.logits, rtol=2e-2, atol=2e-2)
+    state = compile_state(result.model)
+    assert state is not None and state.error is None
+    if with_sample:
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    torch._dynamo.reset()

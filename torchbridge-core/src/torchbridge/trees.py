@@ -34,12 +34,10 @@ def _dict_unflatten(values: Any, context: Any) -> Any:
         return obj
 
 
-def _dataclass_fields(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls) if f.init]
-
-
 def _dataclass_flatten(obj: Any) -> tuple[list[Any], Any]:
-    names = _dataclass_fields(type(obj))
+    # fields() of the instance, not of its class: dynamo traces only the former, and
+    # model outputs are flattened inside compiled forwards (forward.autocast_forward).
+    names = [f.name for f in dataclasses.fields(obj) if f.init]
     return [getattr(obj, n) for n in names], (type(obj), names)
 
 
@@ -63,6 +61,14 @@ def _register_if_needed(node: Any) -> bool:
                     pytree.register_pytree_node(cls, _dataclass_flatten,
                                                 _dataclass_unflatten)
     return False
+
+
+def known_types(obj: Any) -> bool:
+    """Whether every container in `obj` is a type pytree already walks into: then a walk
+    here registers nothing (and can run inside a compiled region)."""
+    return not any(isinstance(leaf, dict) or (dataclasses.is_dataclass(leaf)
+                                              and not isinstance(leaf, type))
+                   for leaf in pytree.tree_leaves(obj))
 
 
 def flatten(obj: Any) -> tuple[list[Any], pytree.TreeSpec]:

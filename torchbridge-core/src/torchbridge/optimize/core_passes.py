@@ -104,8 +104,8 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
 
 def _autocast_check(model: nn.Module, ctx: PassContext) -> str | None:
     if ctx.quantize == "int8" and ctx.backend.device.type == "cpu":
-        # Inductor turns int8 Linears into oneDNN int8 GEMMs from float32 activations;
-        # with bf16 around them it computes more and gained less. Measured at O3 (same
+        # The int8 Linears quantize float32 activations inside the compiled graph; with
+        # bf16 around them it computes more and gained less. Measured at O3 (same
         # process, round-robin; 2-core AMD EPYC, avx512_bf16 + VNNI): Llama 1.82x eager
         # with float32 activations vs 1.47x with bf16, BERT 1.93x vs 1.63x.
         return "quantize='int8' on a CPU: the int8 GEMMs take float32 activations " \

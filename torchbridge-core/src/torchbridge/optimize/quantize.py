@@ -101,25 +101,6 @@ def _compile_options(ctx: PassContext) -> None:
                     "force_fuse_int_mm_with_mul": True})
 
 
-def _fuse_cpu_int8_gemms(ctx: PassContext) -> None:
-    """Inductor's own pattern for torchao's int8 matmul (_int_mm then the scales) does not
-    know the form torchao 0.18 uses on CPUs with VNNI and no AMX: activations shifted to
-    uint8 and a compensation subtracted (u8s8, kernel/intmm.py). torchao's copy of the
-    pattern does; registered, inductor's freezing turns each quantized Linear into one
-    oneDNN int8 GEMM with its weight prepacked (counter qlinear_weight_prepack_matcher:
-    0 of 2 Linears without it, 2 of 2 with it, on torch 2.13). Process-wide, but it only
-    matches quantized graphs; it does nothing without freezing (O3's inference_freezing)."""
-    try:
-        from torchao.quantization.pt2e.inductor_passes.x86 import (
-            _register_quantization_weight_pack_pass,
-        )
-    except ImportError as exc:  # a torchao without it: correct, slower
-        ctx.notes.append(f"quantize: torchao's inductor int8 patterns unavailable ({exc}); "
-                         "int8 matmuls are compiled as they are")
-        return
-    _register_quantization_weight_pack_pass()
-
-
 def _quantized(module: nn.Module) -> bool:
     from torchao.utils import TorchAOBaseTensor
 
@@ -145,8 +126,6 @@ def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Modu
     if not done:
         raise PassSkipped(f"{mode}: torchao quantized none of the {len(linears)} nn.Linear "
                           "layers (shapes it does not take, or Linears it leaves alone)")
-    if ctx.backend.device.type == "cpu" and mode == "int8":
-        _fuse_cpu_int8_gemms(ctx)
     _compile_options(ctx)
     report = QuantizationReport(
         mode, f"torchao {type(config).__name__} on {len(done)} of {len(linears)} Linear "
@@ -169,7 +148,7 @@ def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Modu
 # Order 64: after autocast (60) and low_precision_weights (62), before kernel_substitution
 # (70) and compile (80). After low_precision_weights because that pass would cast a
 # quantized weight back to a float dtype; before compile, which traces the quantized
-# Linears and, with O3's freezing, prepacks their int8 weights (_fuse_cpu_int8_gemms).
+# Linears (int8 matmuls, aten._int_mm, with the scales fused around them).
 # Measured on this 2-core EPYC (avx512_vnni, avx512_bf16, no AMX), Llama of hf_models
 # (hidden 256, 2 layers, vocabulary 8192), batch 4 x 128, round-robin in one process on
 # a machine loaded by other jobs (load 9, so every time is ~10x a quiet run's; the
@@ -183,6 +162,14 @@ def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Modu
 #   not used; PT2E X86InductorQuantizer, dynamic: 2.07x, cosine 0.99907 against
 #   0.99968, and the model becomes an exported GraphModule (no generate, no cache: HF's
 #   DynamicCache output cannot be exported): quantize_ it is.
+# Measured again on a quiet machine (load 0.7-1.0, 2026-11-24), O3 with freezing and
+# without weight prepacking (cpp.weight_prepack off since the compile cache work), eager
+# and O3 int8 round-robin in one process per variant: without torchao's weight-pack
+# pattern, Llama 2.78x eager, BERT 2.09x, ViT 1.90x, GPT-2 1.79x, ResNet-18-like 1.41x;
+# with it registered 2.70x, 1.96x, 1.69x, 1.75x, 1.40x. So the pattern is not
+# registered: the _int_mm graphs are as fast or faster, and they are cacheable (a second
+# process hit inductor's FX graph cache, 10.9 s against 32.5 s), where the pattern's
+# prepacked int8 weights (mkldnn tensors) are not picklable.
 # Float32 activations beat bfloat16 here, so with int8 on a CPU the autocast pass skips
 # itself (core_passes._autocast_check; low_precision_weights follows).
 QUANTIZE_ORDER = 64

@@ -23,29 +23,48 @@ model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
                             torch.nn.Linear(32, 4)).eval()
 x = torch.randn(2, 16)
 config = TorchBridgeConfig(optimization={"compile_cache_dir": sys.argv[1]})
-result = torchbridge.get_backend("cpu", config).optimize(model, sys.argv[2], sample_input=x)
+quantize = sys.argv[3] if sys.argv[3] != "-" else None
+result = torchbridge.get_backend("cpu", config).optimize(model, sys.argv[2], sample_input=x,
+                                                         quantize=quantize)
 print(json.dumps({"applied": result.optimizations_applied,
+                  "quantization": result.quantization_outcome() if quantize else None,
                   "inductor": dict(counters["inductor"])}))
 """
 
 
-def _prepare_in_a_new_process(cache: Path, level: str) -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-c", PREPARE, str(cache), level],
+def _prepare_in_a_new_process(cache: Path, level: str, quantize: str | None = None
+                              ) -> dict[str, object]:
+    done = subprocess.run([sys.executable, "-c", PREPARE, str(cache), level, quantize or "-"],
                           capture_output=True, text=True, timeout=600)  # hangs only
     assert done.returncode == 0, done.stderr[-2000:]
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-@pytest.mark.parametrize("level", ["O2", "O3"])
-def test_a_second_process_reuses_the_compiled_artifacts(tmp_path: Path, level: str) -> None:
+@pytest.mark.parametrize(("level", "quantize"), [("O2", None), ("O3", None), ("O3", "int8")])
+def test_a_second_process_reuses_the_compiled_artifacts(tmp_path: Path, level: str,
+                                                        quantize: str | None) -> None:
+    """int8 too: its graphs hold int8 weights that inductor can pickle (torchao's
+    weight-pack pattern, whose prepacked weights it cannot, is not registered)."""
+    if quantize is not None:
+        pytest.importorskip("torchao")
+        from torchbridge.optimize.quantize_gate import unsupported
+
+        backend = torchbridge.get_backend("cpu")
+        why = unsupported(quantize, backend.get_device_info(), "cpu")
+        if why is not None:
+            pytest.skip(why)
     cache = tmp_path / "compiled"
     # (Whether the compiled forward is kept is timed in those processes; it is compiled
     # either way, on the sample input, inside prepare_model.)
-    first = _prepare_in_a_new_process(cache, level)
+    first = _prepare_in_a_new_process(cache, level, quantize)
+    if quantize is not None:  # quantized and compiled (then kept, or undone by timing)
+        outcome: dict[str, str] = first["quantization"]  # type: ignore[assignment]
+        assert outcome["status"] == "applied" or \
+            outcome["detail"].startswith("undone after timing"), outcome
     assert first["inductor"].get("fxgraph_cache_miss", 0) >= 1  # type: ignore[union-attr]
     assert any(cache.iterdir())
-    second = _prepare_in_a_new_process(cache, level)
+    second = _prepare_in_a_new_process(cache, level, quantize)
     assert second["inductor"].get("fxgraph_cache_hit", 0) >= 1, second  # type: ignore[union-attr]
     assert second["inductor"].get("fxgraph_cache_miss", 0) == 0, second  # type: ignore[union-attr]
 

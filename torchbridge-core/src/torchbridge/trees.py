@@ -46,13 +46,18 @@ def _dataclass_unflatten(values: Any, context: Any) -> Any:
     return cls(**dict(zip(names, values, strict=True)))
 
 
+def _unregistered_container(node: Any) -> bool:
+    """A dict subclass or dataclass instance whose type pytree does not walk into yet."""
+    if type(node) in pytree.SUPPORTED_NODES or isinstance(node, (torch.Tensor, type)):
+        return False
+    return isinstance(node, dict) or dataclasses.is_dataclass(node)
+
+
 def _register_if_needed(node: Any) -> bool:
     """pytree's is_leaf callback: registers an unknown dict subclass or dataclass type the
     first time it is seen, then lets pytree look into it. Never reports a leaf itself."""
-    cls = type(node)
-    if cls in pytree.SUPPORTED_NODES or isinstance(node, (torch.Tensor, type)):
-        return False
-    if isinstance(node, dict) or (dataclasses.is_dataclass(node)):
+    if _unregistered_container(node):
+        cls = type(node)
         with _lock:
             if cls not in pytree.SUPPORTED_NODES:
                 if isinstance(node, dict):
@@ -66,9 +71,7 @@ def _register_if_needed(node: Any) -> bool:
 def known_types(obj: Any) -> bool:
     """Whether every container in `obj` is a type pytree already walks into: then a walk
     here registers nothing (and can run inside a compiled region)."""
-    return not any(isinstance(leaf, dict) or (dataclasses.is_dataclass(leaf)
-                                              and not isinstance(leaf, type))
-                   for leaf in pytree.tree_leaves(obj))
+    return not any(_unregistered_container(leaf) for leaf in pytree.tree_leaves(obj))
 
 
 def flatten(obj: Any) -> tuple[list[Any], pytree.TreeSpec]:

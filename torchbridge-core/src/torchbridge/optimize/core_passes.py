@@ -107,9 +107,10 @@ def _autocast_check(model: nn.Module, ctx: PassContext) -> str | None:
         # The int8 Linears quantize float32 activations inside the compiled graph; with
         # bf16 around them it computes more and gained less. Measured at O3 (same
         # process, round-robin; 2-core AMD EPYC, avx512_bf16 + VNNI): Llama 1.82x eager
-        # with float32 activations vs 1.47x with bf16, BERT 1.93x vs 1.63x (measured when
-        # the int8 GEMMs were torchao's oneDNN weight-pack pattern; not measured again
-        # since they compile to torch._int_mm, see quantize.py).
+        # with float32 activations vs 1.47x with bf16, BERT 1.93x vs 1.63x (when the int8
+        # GEMMs were torchao's oneDNN weight-pack pattern); again with the GEMMs compiled
+        # to torch._int_mm (quiet machine, 2026-11-24, two runs each): Llama 2.71x and
+        # 2.89x vs 2.63x and 2.85x, BERT 2.14x and 2.07x vs 1.91x and 1.89x.
         return "quantize='int8' on a CPU: the int8 GEMMs take float32 activations " \
                "(faster here than bf16 around them)"
     if torch.float64 in _float_dtypes(model):

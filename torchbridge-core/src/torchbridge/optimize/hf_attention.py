@@ -118,6 +118,13 @@ def _routed_attention(fallback: Callable[..., Any], implementation: str,
         is_causal = q_len > 1 and attention_mask is None and bool(wanted)
         if is_causal and k_len > q_len:  # causal from the top left: later keys unseen
             key, value = key[:, :, :q_len], value[:, :, :q_len]
+    device = query.device.type
+    if torch.is_autocast_enabled(device):
+        # As autocast calls torch's attention: q, k and v in its dtype. They may come
+        # apart (rotary embeddings in float32 make q and k float32, v stays the
+        # projection's bfloat16); the op has no autocast rule of its own.
+        dtype = torch.get_autocast_dtype(device)
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     # An eager function applies no causality of its own: the mask carries it.
     scaling = kwargs.get("scaling")
     out = kernel(query, key, value, attention_mask, is_causal,

@@ -289,10 +289,7 @@ class _Gate:
         output through the reference is `reference_out`) and the probes `more()` makes
         (computed only when the verdict is not known yet)."""
         kwargs = kwargs or {}
-        recorder = _Recorder(bind(None, None, pattern.op))
-        with torch.no_grad():
-            self.run(pattern.forward, module, recorder, facts, *args, **kwargs)
-        op_call = recorder.calls[0] if recorder.calls else ()
+        op_call = self.op_call(module, pattern, facts, args, kwargs)
         key = (candidate.provider, candidate.implementation.name, pattern.name,
                self.ctx.training, _signature(args, kwargs), _signature(op_call))
         known = self.verdicts.get(key)
@@ -301,6 +298,14 @@ class _Gate:
             known = self.verdicts[key] = self._check(module, pattern, facts, candidate,
                                                      probes, op_call)
         return known
+
+    def op_call(self, module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The op's arguments when the module runs this call (empty: it did not call it)."""
+        recorder = _Recorder(bind(None, None, pattern.op))
+        with torch.no_grad():
+            self.run(pattern.forward, module, recorder, facts, *args, **kwargs)
+        return recorder.calls[0] if recorder.calls else ()
 
     def _reference_run(self, module: nn.Module, pattern: ModulePattern,
                        facts: dict[str, Any], probe: _Probe) -> tuple[Any, ...] | None:
@@ -615,10 +620,14 @@ def _substitute_with(model: nn.Module, ctx: PassContext, gate: _Gate) -> nn.Modu
             record.update(status="kept", detail=f"not a {pattern.name}: its output differs "
                           f"from the {pattern.op} formula by {error:.3g}")
             continue
-        choice = choices.get((pattern.op, dtype))
+        # Implementations are chosen for the dtype the op is called in, which autocast
+        # may make the module's matmuls' (attention's q, k, v), not its input's.
+        op_dtype = first_floating_dtype(gate.op_call(module, pattern, facts, args, kwargs)) \
+            or dtype
+        choice = choices.get((pattern.op, op_dtype))
         if choice is None:
-            choice = choices[(pattern.op, dtype)] = choose(
-                pattern.op, ctx.backend, dtype=dtype, training=ctx.training,
+            choice = choices[(pattern.op, op_dtype)] = choose(
+                pattern.op, ctx.backend, dtype=op_dtype, training=ctx.training,
                 info=ctx.device_info)
         rejected = choice.reasons()
         def more(module: nn.Module = module, pattern: ModulePattern = pattern,

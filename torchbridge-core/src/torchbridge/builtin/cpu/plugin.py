@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from torchbridge.backend import Backend
+    from torchbridge.kernels.implementations import KernelImplementation
     from torchbridge.levels import OptimizationLevel
     from torchbridge.optimize.passes import OptimizationPass
 
@@ -122,3 +123,10 @@ def torchbridge_optimization_passes(backend: Backend, level: OptimizationLevel
     from torchbridge.builtin.cpu.passes import cpu_passes
 
     return cpu_passes(backend)
+
+
+@hookimpl(trylast=True)
+def torchbridge_kernel_implementations(backend: Backend) -> list[KernelImplementation]:
+    from torchbridge.builtin.cpu.attention import BF16_MATMUL_ATTENTION
+
+    return [BF16_MATMUL_ATTENTION]

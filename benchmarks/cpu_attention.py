@@ -1,0 +1,77 @@
+"""O3 with the CPU backend's bfloat16 attention (cpu_bf16_matmul_attention, chosen by the
+kernel_substitution pass) against O3 with it disabled (config kernel.disabled_ops: torch's
+flash attention kernel in bfloat16), both against eager float32: the Hugging Face models of
+torchbridge.hf_models that have attention, timed round-robin in one process, medians.
+
+    python benchmarks/cpu_attention.py [--rounds 50] [--models llama gpt2 bert vit]
+
+Prints the machine line (CPU model and flags) and one row per model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from typing import Any
+
+import torch
+import torchbridge
+from torchbridge.bench import machine
+from torchbridge.hf_models import BATCHES, hf_reference_models
+
+
+def _logits(out: Any) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--models", nargs="+", default=["llama", "gpt2", "bert", "vit"])
+    args = parser.parse_args()
+    print(machine())
+    flash = torchbridge.TorchBridgeConfig(
+        kernel={"disabled_ops": ["scaled_dot_product_attention"]})
+    references = {r.name.split("-")[0]: r for r in hf_reference_models()}
+    for name in args.models:
+        reference = references[name]
+        model = reference.build().eval()
+        sample = reference.make_input(BATCHES[name][0])
+
+        def call(m: torch.nn.Module, sample: Any = sample) -> torch.Tensor:
+            with torch.inference_mode():
+                return _logits(m(**sample) if isinstance(sample, dict) else m(sample))
+
+        variants: dict[str, torch.nn.Module] = {"eager": model}
+        for label, config in (("o3 flash", flash), ("o3 bf16 matmul", None)):
+            result = torchbridge.get_backend("cpu", config).optimize(
+                copy.deepcopy(model), "O3", sample_input=sample)
+            used = sorted({s.get("implementation", "its own code")
+                           for s in result.kernel_substitutions
+                           if s["op"] == "scaled_dot_product_attention"
+                           and s["status"] == "substituted"}) or ["its own code"]
+            print(f"{name} {label}: attention runs {', '.join(used)}")
+            variants[label] = result.model
+        expected = call(model)
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for m in variants.values():
+            call(m)
+        for _ in range(args.rounds):
+            for label, m in variants.items():
+                started = time.perf_counter()
+                call(m)
+                times[label].append(time.perf_counter() - started)
+        base = statistics.median(times["eager"])
+        cells = []
+        for label, m in variants.items():
+            median = statistics.median(times[label])
+            error = ((call(m) - expected).abs().max() / expected.abs().max()).item()
+            cells.append(f"{label} {median * 1e3:.2f} ms ({base / median:.2f}x, "
+                         f"max rel error {error:.4f})")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

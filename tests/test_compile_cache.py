@@ -5,6 +5,7 @@ cache-hit counters, not by timing."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,19 @@ PREPARE = r"""
 import json, sys, torch, torchbridge
 from torchbridge.config import TorchBridgeConfig
 from torch._dynamo.utils import counters
+class TwoBuffers(torch.nn.Module):  # non-persistent buffers, as transformers' BERT has
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.shift = torch.nn.Buffer(torch.linspace(0, 1, 16), persistent=False)
+        self.scale = torch.nn.Buffer(torch.linspace(1, 2, 16), persistent=False)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.lin(x + self.shift)) * self.scale
+
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
-                            torch.nn.Linear(32, 4)).eval()
+model = TwoBuffers().eval() if sys.argv[4] == "two_buffers" else torch.nn.Sequential(
+    torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).eval()
 x = torch.randn(2, 16)
 config = TorchBridgeConfig(optimization={"compile_cache_dir": sys.argv[1]})
 quantize = sys.argv[3] if sys.argv[3] != "-" else None
@@ -32,10 +43,15 @@ print(json.dumps({"applied": result.optimizations_applied,
 """
 
 
-def _prepare_in_a_new_process(cache: Path, level: str, quantize: str | None = None
+def _prepare_in_a_new_process(cache: Path, level: str, quantize: str | None = None,
+                              model: str = "mlp", hash_seed: str | None = None
                               ) -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-c", PREPARE, str(cache), level, quantize or "-"],
-                          capture_output=True, text=True, timeout=600)  # hangs only
+    env = dict(os.environ)
+    if hash_seed is not None:
+        env["PYTHONHASHSEED"] = hash_seed
+    done = subprocess.run([sys.executable, "-c", PREPARE, str(cache), level, quantize or "-",
+                           model], capture_output=True, text=True, timeout=600,  # hangs only
+                          env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -83,3 +99,29 @@ def test_the_cache_folder_is_reported_and_a_bad_one_named(tmp_path: Path) -> Non
     failed = {p.name: p.detail for p in torchbridge.get_backend("cpu", config).optimize(
         model, "O2", sample_input=x).failed}
     assert "compile_cache_dir" in failed["compile"] and str(blocker) in failed["compile"]
+
+
+def _set_order(names: list[str], hash_seed: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", f"print(list(set({names!r})))"],
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONHASHSEED=hash_seed), check=True)
+    order: list[str] = json.loads(done.stdout.replace("'", '"'))
+    return order
+
+
+def test_a_second_process_hits_the_cache_whatever_its_string_hashing(tmp_path: Path) -> None:
+    """Under freezing, a model's non-persistent buffers become frozen constants named in a
+    set of the graph module that inductor's cache key pickles; a set of strings iterates in
+    an order that follows each process's string hashes. Two processes whose hash seeds
+    order that set differently must still share the compiled graph."""
+    frozen = ["_frozen_param2", "_frozen_param3"]  # the two buffers' names on torch 2.13
+    seeds = {tuple(_set_order(frozen, str(seed))): str(seed) for seed in range(40)}
+    assert len(seeds) == 2, "no two hash seeds order the names differently"
+    first_seed, second_seed = seeds.values()
+    cache = tmp_path / "compiled"
+    first = _prepare_in_a_new_process(cache, "O3", model="two_buffers", hash_seed=first_seed)
+    assert first["inductor"].get("fxgraph_cache_miss", 0) >= 1  # type: ignore[union-attr]
+    second = _prepare_in_a_new_process(cache, "O3", model="two_buffers",
+                                       hash_seed=second_seed)
+    assert second["inductor"].get("fxgraph_cache_hit", 0) >= 1, second  # type: ignore[union-attr]
+    assert second["inductor"].get("fxgraph_cache_miss", 0) == 0, second  # type: ignore[union-attr]

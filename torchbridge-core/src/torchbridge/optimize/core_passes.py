@@ -24,7 +24,7 @@ from torch import nn
 
 from torchbridge.errors import ConfigurationError
 from torchbridge.levels import OptimizationLevel
-from torchbridge.optimize import folding, settings
+from torchbridge.optimize import folding, inductor_backend, settings
 from torchbridge.optimize.forward import autocast_forward, compile_state, compiled_forward
 from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
@@ -229,9 +229,14 @@ def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
     inductor_config = dict(ctx.state.get("inductor_config", {}))
     if "freezing" in options:
         inductor_config["freezing"] = options.pop("freezing")
-    compiled_forward(model, lambda fn: torch.compile(fn, backend=backend,
-                                                     options=options or None),
-                     inductor_config or None, options)
+    if backend == "inductor":  # the same compiler, with cache keys stable across processes
+        compiler: Any = inductor_backend.inductor(options)
+        compiled_forward(model, lambda fn: torch.compile(fn, backend=compiler),
+                         inductor_config or None, options)
+    else:
+        compiled_forward(model, lambda fn: torch.compile(fn, backend=backend,
+                                                         options=options or None),
+                         inductor_config or None, options)
     when = "compiled on the sample input inside prepare_model" if ctx.sample_input is not None \
         else "the first call compiles; if that fails the model runs uncompiled, with a warning"
     settings = f", inductor config {inductor_config}" if inductor_config else ""

@@ -172,7 +172,15 @@ def test_in_float32_the_model_keeps_its_own_attention() -> None:
     backend = torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(optimization={
         "disabled_passes": [*NO_COMPILE["disabled_passes"], "autocast"]}))
     prepared = backend.prepare_model(_bert(), "O3", sample_input=_tokens())
-    for record in _attention_records(prepared):
+    records = _attention_records(prepared)
+    assert len(records) == 2
+    for record in records:
         assert record["status"] == "kept"
         assert any("cpu_bf16_matmul_attention" in r and "bfloat16" in r
                    for r in record["rejected"]), record
+    # and the report does not call the pass applied: it changed nothing
+    result = torchbridge.optimization_result(prepared)
+    assert result is not None
+    passes = {p.name: p for p in result.passes}
+    assert passes["kernel_substitution"].status == "skipped"
+    assert "no module was substituted" in passes["kernel_substitution"].detail

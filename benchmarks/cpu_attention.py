@@ -1,7 +1,8 @@
-"""O3 with the CPU backend's bfloat16 attention (cpu_bf16_matmul_attention, chosen by the
-kernel_substitution pass) against O3 with it disabled (config kernel.disabled_ops: torch's
-flash attention kernel in bfloat16), both against eager float32: the Hugging Face models of
-torchbridge.hf_models that have attention, timed round-robin in one process, medians.
+"""O3 with the CPU backend's bfloat16 attention (cpu_bf16_matmul_attention, offered to the
+kernel_substitution pass by config hardware.cpu.bf16_matmul_attention) against O3 as it is
+by default (torch's flash attention kernel in bfloat16), both against eager float32: the
+Hugging Face models of torchbridge.hf_models that have attention, timed round-robin in one
+process, medians.
 
     python benchmarks/cpu_attention.py [--rounds 50] [--models llama gpt2 bert vit]
 
@@ -32,8 +33,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["llama", "gpt2", "bert", "vit"])
     args = parser.parse_args()
     print(machine())
-    flash = torchbridge.TorchBridgeConfig(
-        kernel={"disabled_ops": ["scaled_dot_product_attention"]})
+    flash = torchbridge.TorchBridgeConfig()  # the default: torch's kernel
+    matmul = torchbridge.TorchBridgeConfig(hardware={"cpu": {"bf16_matmul_attention": True}})
     references = {r.name.split("-")[0]: r for r in hf_reference_models()}
     for name in args.models:
         reference = references[name]
@@ -45,7 +46,7 @@ def main() -> None:
                 return _logits(m(**sample) if isinstance(sample, dict) else m(sample))
 
         variants: dict[str, torch.nn.Module] = {"eager": model}
-        for label, config in (("o3 flash", flash), ("o3 bf16 matmul", None)):
+        for label, config in (("o3 flash", flash), ("o3 bf16 matmul", matmul)):
             result = torchbridge.get_backend("cpu", config).optimize(
                 copy.deepcopy(model), "O3", sample_input=sample)
             used = sorted({s.get("implementation", "its own code")

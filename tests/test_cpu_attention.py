@@ -95,8 +95,18 @@ def test_declines_calls_it_should_not_take() -> None:
     assert torch.equal(kernel(q32, k32, v32), REFERENCE_KERNELS[SDPA](q32, k32, v32))
 
 
+ON = {"cpu": {"bf16_matmul_attention": True}}
+
+
+def test_offered_only_when_the_config_turns_it_on() -> None:
+    """Off by default: it costs compile time and was not measured on a CPU with AMX."""
+    default = torchbridge.get_backend("cpu")
+    assert "cpu_bf16_matmul_attention" not in [
+        c.implementation.name for c in choose(SDPA, default, dtype=torch.bfloat16).eligible]
+
+
 def test_chosen_on_the_cpu_for_bfloat16_inference_only() -> None:
-    backend = torchbridge.get_backend("cpu")
+    backend = torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(hardware=ON))
     names = [c.implementation.name for c in choose(SDPA, backend, dtype=torch.bfloat16)
              .eligible]
     assert "cpu_bf16_matmul_attention" in names
@@ -150,7 +160,7 @@ def test_o3_routes_a_hugging_face_models_attention_to_it_under_autocast(
     rotary embeddings (float32 cos and sin) make q and k float32 again while v stays
     bfloat16: the op is called as autocast calls torch's attention, all in bfloat16."""
     backend = torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(
-        optimization=NO_COMPILE))
+        optimization=NO_COMPILE, hardware=ON))
     if backend.low_precision_dtype(backend.get_device_info()) != torch.bfloat16:
         pytest.skip("this CPU has no bfloat16 autocast")
     model, inputs = build(), _tokens()
@@ -170,7 +180,7 @@ def test_o3_routes_a_hugging_face_models_attention_to_it_under_autocast(
 
 def test_in_float32_the_model_keeps_its_own_attention() -> None:
     backend = torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(optimization={
-        "disabled_passes": [*NO_COMPILE["disabled_passes"], "autocast"]}))
+        "disabled_passes": [*NO_COMPILE["disabled_passes"], "autocast"]}, hardware=ON))
     prepared = backend.prepare_model(_bert(), "O3", sample_input=_tokens())
     records = _attention_records(prepared)
     assert len(records) == 2

@@ -10,9 +10,11 @@ Measured on the 2-core AMD EPYC (family 25 model 17, avx512_bf16, no AMX), torch
 with torch's kernel and with this one, in one process, round-robin against eager (the
 models of torchbridge.hf_models; `python benchmarks/cpu_attention.py`, 2026-11-24 06:48):
 Llama 14.29 -> 13.11 ms, GPT-2 16.58 -> 15.71 ms, BERT 13.88 -> 12.78 ms, ViT 6.85 -> 6.08
-ms. Not measured on a CPU with AMX, whose bf16 flash kernel is faster. Like every kernel
-implementation it is chosen after its correctness gate, and timed against the module's
-own code only with prepare_model(measure=True).
+ms. But compiling it took 1-3 s more (BERT's and ViT's first call went past 1.5x plain
+compile's), and it was not measured on a CPU with AMX, whose bf16 flash kernel is fast:
+so it is offered only with config hardware.cpu.bf16_matmul_attention = true. Like every
+kernel implementation it is then chosen after its correctness gate, and timed against
+the module's own code only with prepare_model(measure=True).
 
 The scores are materialized (batch x heads x queries x keys in float32): a call whose score
 matrix would exceed MAX_SCORE_BYTES is declined and runs the reference (flash attention's

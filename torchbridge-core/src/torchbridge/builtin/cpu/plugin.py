@@ -129,4 +129,7 @@ def torchbridge_optimization_passes(backend: Backend, level: OptimizationLevel
 def torchbridge_kernel_implementations(backend: Backend) -> list[KernelImplementation]:
     from torchbridge.builtin.cpu.attention import BF16_MATMUL_ATTENTION
 
+    cpu_config = getattr(backend.config.hardware, "cpu", None)  # a dynamic section
+    if cpu_config is None or not getattr(cpu_config, "bf16_matmul_attention", False):
+        return []
     return [BF16_MATMUL_ATTENTION]

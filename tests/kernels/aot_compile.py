@@ -7,12 +7,13 @@ under 16, libdevice calls, type errors the compiler rejects) in CI on a CPU mach
 
 Prints one line per kernel and target and exits 1 if any compile failed. Must run without
 TRITON_INTERPRET=1 (the interpreter replaces the jit kernels). Compiles into a fresh cache
-directory, so every run compiles for real.
+directory, so every run compiles for real, and removes it afterwards.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -33,7 +34,6 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: the interpreter replaces the kernels to compile")
         return 2
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchbridge-aot-")
     import triton
     from torchbridge.kernels.triton import TRITON_KERNELS
     from triton.backends import backends
@@ -68,4 +68,11 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit(main())  # refuses to run: no cache folder to make
+    cache = tempfile.mkdtemp(prefix="torchbridge-aot-")
+    os.environ["TRITON_CACHE_DIR"] = cache
+    try:
+        sys.exit(main())
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)

@@ -142,3 +142,46 @@ def test_gpt2_conv1d_weights_are_stored_in_bf16_at_o3() -> None:
     assert conv1d and all(m.weight.dtype == torch.bfloat16 for m in conv1d)
     assert result.model.lm_head.weight is result.model.transformer.wte.weight  # still tied
     assert call(result.model, sample).logits.dtype == torch.float32
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_o3_compiled_on_the_sample_serves_other_inputs_of_its_shape(name: str) -> None:
+    """The graph compiled on the sample input (no padding) must not be specialised on its
+    values: a batch of the same shape with padding and other tokens goes through the same
+    compiled graph and still matches eager. A mask shortcut taken on the sample's values
+    (all ones: no mask) would give the padded rows wrong outputs."""
+    from torchbridge.optimize.forward import compile_state
+
+    ref = MODELS[name]
+    model, sample = ref.build(), ref.make_input(3)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # weights at 1/sqrt(fan-in): with HF's small init, BERT's
+        for p in model.parameters():  # attention barely moves its logits (0.1%)
+            if p.dim() == 2:
+                p.normal_(0, p.shape[1] ** -0.5, generator=g)
+    prepared = torchbridge.get_backend("cpu").prepare_model(model, "O3", sample_input=sample)
+    result = torchbridge.optimization_result(prepared)
+    assert result is not None
+    assert [p.status for p in result.passes if p.name == "compile"] == ["applied"], \
+        result.summary()
+    ids = torch.randint(0, model.config.vocab_size, sample["input_ids"].shape,
+                        generator=torch.Generator().manual_seed(7))
+    mask = torch.ones_like(ids)
+    mask[0, -5:] = 0  # padding, as a batch of unequal lengths has it (left for the
+    mask[2, -9:] = 0  # decoder: right padding would change only the padded rows)
+    if ref.is_decoder:
+        mask = mask.flip(-1)
+    other = {"input_ids": ids, "attention_mask": mask}
+    state = compile_state(prepared)
+    assert state is not None
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    expected, out = call(model, other), call(prepared, other)
+    assert state.error is None and not state.bypass
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # no recompile
+    rel = (out.logits - expected.logits).abs().max() / expected.logits.abs().max()
+    assert rel <= LEVEL_TOLERANCE["O3"]
+    # The padding changed the outputs: the comparison was not of two unmasked runs.
+    unmasked = call(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    assert (unmasked.logits - expected.logits).abs().max() > 3 * LEVEL_TOLERANCE["O3"] * \
+        expected.logits.abs().max()

@@ -28,6 +28,7 @@ from torchbridge.optimize import folding, inductor_backend, settings
 from torchbridge.optimize.forward import autocast_forward, compile_state, compiled_forward
 from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
+from torchbridge.optimize.quantize import int8_float32_reason
 
 # Devices whose convolution libraries (oneDNN, cuDNN, MIOpen) have native NHWC kernels.
 CHANNELS_LAST_DEVICES = {"cpu", "cuda", "xpu"}
@@ -103,23 +104,13 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
 
 
 def _autocast_check(model: nn.Module, ctx: PassContext) -> str | None:
-    if ctx.quantize == "int8" and ctx.backend.device.type == "cpu":
-        # The int8 Linears quantize float32 activations inside the compiled graph; with
-        # bf16 around them it computes more and gained less. Measured at O3 (same
-        # process, round-robin; 2-core AMD EPYC, avx512_bf16 + VNNI): Llama 1.82x eager
-        # with float32 activations vs 1.47x with bf16, BERT 1.93x vs 1.63x (when the int8
-        # GEMMs were torchao's oneDNN weight-pack pattern); again with the GEMMs compiled
-        # to torch._int_mm (quiet machine, 2026-11-24, two runs each): Llama 2.71x and
-        # 2.89x vs 2.63x and 2.85x, BERT 2.14x and 2.07x vs 1.91x and 1.89x.
-        return "quantize='int8' on a CPU: the int8 GEMMs take float32 activations " \
-               "(faster here than bf16 around them)"
     if torch.float64 in _float_dtypes(model):
         return "the model holds float64 weights or buffers: computing it in a 16-bit dtype " \
                "would throw away the precision it was built for (float64 kept)"
     if ctx.backend.low_precision_dtype(ctx.device_info) is None:
         return (f"{ctx.device_info.name} has no native low-precision dtype "
                 f"(and config.precision is {ctx.config.precision})")
-    return None
+    return int8_float32_reason(model, ctx)  # last: it runs the model once
 
 
 def _autocast(model: nn.Module, ctx: PassContext) -> nn.Module:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from torchbridge.levels import OptimizationLevel
+from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
 from torchbridge.optimize.quantize_gate import AccuracyGate, QuantizationReport, unsupported
 from torchbridge.optimize.report import QUANTIZE_NOT_ASKED, QUANTIZE_PASS
@@ -53,6 +54,73 @@ def _check(model: nn.Module, ctx: PassContext) -> str | None:
         return f"{mode}: needs sample_input to check the quantized model's accuracy"
     missing = _torchao_missing()
     return None if missing is None else f"{mode}: {missing}"
+
+
+# With int8 on a CPU the autocast pass (order 60, before this one) decides whether the rest
+# of the model computes in float32 or bfloat16: the int8 GEMMs run faster on float32
+# activations, everything else faster in bfloat16, so it depends on how much of the model
+# the quantized Linears are. Measured at O3, eager and both forms timed round-robin in one
+# process (2-core AMD EPYC, avx512_bf16 + VNNI, no AMX; torch 2.13, torchao 0.18,
+# 2026-11-24), with nn.Linear's share of the FLOPs FlopCounterMode counts on the sample:
+#   Llama (share 1.00) 2.73x eager with float32 activations, 2.62x with bfloat16;
+#   BERT (1.00) 2.19x against 1.97x; ViT (0.96) 1.97x against 1.77x;
+#   GPT-2 (0.57: its Conv1D projections are not nn.Linear, torchao leaves them in float)
+#   1.81x against 2.53x; ResNet-18-like (0.00: one Linear after the convolutions) 1.50x
+#   against 2.00x (and 1.00x in a run where O0 timed as fast, so O0 was returned).
+INT8_FLOAT32_MIN_LINEAR_SHARE = 0.9
+
+
+def linear_flop_share(model: nn.Module, ctx: PassContext) -> float | None:
+    """nn.Linear's share of the matmul and convolution FLOPs of one call on the sample
+    input (torch's FlopCounterMode; attention kernels it has no formula for are not
+    counted). None without a sample input, or when the call fails."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if ctx.sample_input is None:
+        return None
+    linear = 0
+
+    def count(module: nn.Linear, args: tuple[Any, ...], out: Any) -> None:
+        nonlocal linear
+        if args and isinstance(args[0], torch.Tensor):
+            linear += 2 * args[0].numel() * module.out_features
+
+    hooks = [m.register_forward_hook(count) for m in model.modules()
+             if isinstance(m, nn.Linear)]
+    call = sample_call(ctx.backend, ctx.sample_input)
+    try:
+        with preserved_state(model), FlopCounterMode(display=False) as counter:
+            model.eval()
+            call(model)
+    except Exception as exc:  # the run's own checks report a model that fails
+        logger.debug("quantize: counting FLOPs failed: %s", exc)
+        return None
+    finally:
+        for hook in hooks:
+            hook.remove()
+    total = counter.get_total_flops()
+    return min(1.0, linear / total) if total else None
+
+
+def int8_float32_reason(model: nn.Module, ctx: PassContext) -> str | None:
+    """Why the autocast pass leaves the model in float32: int8 will quantize it on a CPU
+    and its nn.Linear layers do nearly all its work. None otherwise (a note then says
+    why autocast runs beside int8)."""
+    if ctx.quantize != "int8" or ctx.backend.device.type != "cpu" or ctx.training \
+            or _check(model, ctx) is not None:
+        return None  # the quantize pass will not run: nothing is faster in float32
+    share = linear_flop_share(model, ctx)
+    if share is None:
+        return None
+    if share >= INT8_FLOAT32_MIN_LINEAR_SHARE:
+        return (f"quantize='int8' on a CPU, and nn.Linear does {share:.0%} of the model's "
+                "matmul FLOPs on the sample input: the int8 GEMMs take float32 activations "
+                "(faster here than bf16 around them)")
+    note = (f"autocast: kept with quantize='int8': nn.Linear does only {share:.0%} of the "
+            "model's matmul FLOPs on the sample input, and the rest runs faster in bf16")
+    if note not in ctx.notes:
+        ctx.notes.append(note)
+    return None
 
 
 def _torchao_config(mode: str, ctx: PassContext) -> Any:
@@ -170,8 +238,9 @@ def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Modu
 # registered: the _int_mm graphs are as fast or faster, and they are cacheable (a second
 # process hit inductor's FX graph cache, 10.9 s against 32.5 s), where the pattern's
 # prepacked int8 weights (mkldnn tensors) are not picklable.
-# Float32 activations beat bfloat16 here, so with int8 on a CPU the autocast pass skips
-# itself (core_passes._autocast_check; low_precision_weights follows).
+# Float32 activations beat bfloat16 here for models whose work is in their Linears, so
+# with int8 on a CPU the autocast pass skips itself for those (int8_float32_reason;
+# low_precision_weights follows).
 QUANTIZE_ORDER = 64
 
 

@@ -216,7 +216,7 @@ def test_int8_keeps_autocast_where_the_linears_are_a_small_part(vnni: None) -> N
     assert "nn.Linear does only 0% of the model's matmul FLOPs" in note
 
 
-@pytest.mark.parametrize("why", ["no sample input", "no torchao", "training"])
+@pytest.mark.parametrize("why", ["no sample input", "no torchao", "training", "disabled"])
 def test_int8_that_will_not_run_leaves_autocast_on(
         vnni: None, monkeypatch: pytest.MonkeyPatch, why: str) -> None:
     # Float32 activations are for int8's GEMMs: with the quantize pass skipped, the model
@@ -226,7 +226,8 @@ def test_int8_that_will_not_run_leaves_autocast_on(
             monkeypatch.delitem(sys.modules, name)
         monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao: ImportError
     model = _mlp().train() if why == "training" else _mlp()
-    result = _backend(disabled_passes=["compile"]).optimize(
+    disabled = ["compile", *(["quantize"] if why == "disabled" else [])]
+    result = _backend(disabled_passes=disabled).optimize(
         model, "O2", sample_input=None if why == "no sample input" else _sample(),
         quantize="int8")
     report = {p.name: p.status for p in result.passes}

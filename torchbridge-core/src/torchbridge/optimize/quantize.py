@@ -107,6 +107,7 @@ def int8_float32_reason(model: nn.Module, ctx: PassContext) -> str | None:
     and its nn.Linear layers do nearly all its work. None otherwise (a note then says
     why autocast runs beside int8)."""
     if ctx.quantize != "int8" or ctx.backend.device.type != "cpu" or ctx.training \
+            or QUANTIZE_PASS in ctx.config.optimization.disabled_passes \
             or _check(model, ctx) is not None:
         return None  # the quantize pass will not run: nothing is faster in float32
     share = linear_flop_share(model, ctx)

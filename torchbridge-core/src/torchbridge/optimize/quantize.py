@@ -59,14 +59,16 @@ def _check(model: nn.Module, ctx: PassContext) -> str | None:
 # With int8 on a CPU the autocast pass (order 60, before this one) decides whether the rest
 # of the model computes in float32 or bfloat16: the int8 GEMMs run faster on float32
 # activations, everything else faster in bfloat16, so it depends on how much of the model
-# the quantized Linears are. Measured at O3, eager and both forms timed round-robin in one
-# process (2-core AMD EPYC, avx512_bf16 + VNNI, no AMX; torch 2.13, torchao 0.18,
-# 2026-11-24), with nn.Linear's share of the FLOPs FlopCounterMode counts on the sample:
-#   Llama (share 1.00) 2.73x eager with float32 activations, 2.62x with bfloat16;
-#   BERT (1.00) 2.19x against 1.97x; ViT (0.96) 1.97x against 1.77x;
+# the quantized Linears are. Measured at O3 (python benchmarks/int8_autocast.py: eager and
+# both forms round-robin in one process; 2-core AMD EPYC, avx512_bf16 + VNNI, no AMX;
+# torch 2.13, torchao 0.18, 2026-11-24 11:16), with nn.Linear's share of the FLOPs
+# FlopCounterMode counts on the sample:
+#   Llama (share 1.00) 2.79x eager with float32 activations, 2.69x with bfloat16;
+#   BERT (1.00) 1.92x against 1.76x; ViT (0.96) 1.90x against 1.68x;
 #   GPT-2 (0.57: its Conv1D projections are not nn.Linear, torchao leaves them in float)
-#   1.81x against 2.53x; ResNet-18-like (0.00: one Linear after the convolutions) 1.50x
-#   against 2.00x (and 1.00x in a run where O0 timed as fast, so O0 was returned).
+#   1.73x against 2.25x; ResNet-18-like (0.00: one Linear after the convolutions) 1.49x
+#   against 2.05x. (A run with float32 for the ResNet once timed as fast as O0, and O0
+#   was returned.)
 INT8_FLOAT32_MIN_LINEAR_SHARE = 0.9
 
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
+import functools
 from typing import Any
 
 import torch
 import torchbridge
 from torchbridge.bench import machine
 from torchbridge.hf_models import BATCHES, hf_reference_models
+from torchbridge.optimize.measure import interleaved_latency
 
 
 def _logits(out: Any) -> torch.Tensor:
@@ -56,18 +56,14 @@ def main() -> None:
             print(f"{name} {label}: attention runs {', '.join(used)}")
             variants[label] = result.model
         expected = call(model)
-        times: dict[str, list[float]] = {k: [] for k in variants}
-        for m in variants.values():
-            call(m)
-        for _ in range(args.rounds):
-            for label, m in variants.items():
-                started = time.perf_counter()
-                call(m)
-                times[label].append(time.perf_counter() - started)
-        base = statistics.median(times["eager"])
+        medians = interleaved_latency(
+            [functools.partial(call, m) for m in variants.values()], lambda: None, warmup=1,
+            repeats=args.rounds, min_seconds=0)
+        seconds = dict(zip(variants, medians, strict=True))
+        base = seconds["eager"]
         cells = []
         for label, m in variants.items():
-            median = statistics.median(times[label])
+            median = seconds[label]
             error = ((call(m) - expected).abs().max() / expected.abs().max()).item()
             cells.append(f"{label} {median * 1e3:.2f} ms ({base / median:.2f}x, "
                          f"max rel error {error:.4f})")

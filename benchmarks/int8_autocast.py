@@ -2,8 +2,8 @@
 bfloat16 (autocast on), for the Hugging Face models of torchbridge.hf_models. Each model
 is prepared at O3 with int8 both ways (the autocast pass's threshold on nn.Linear's share
 of the FLOPs, quantize.INT8_FLOAT32_MIN_LINEAR_SHARE, patched to force each), timed
-round-robin with eager float32 and plain O3 in one process, medians. The last column is
-what prepare_model chooses by default.
+round-robin with eager float32 and plain O3 in one process (measure.interleaved_latency),
+medians. The last column is what prepare_model chooses by default.
 
     python benchmarks/int8_autocast.py [--rounds 30] [--models llama gpt2 bert vit resnet]
 
@@ -13,8 +13,7 @@ Prints the machine line (CPU model and flags) and one row per model.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import functools
 import unittest.mock
 from typing import Any
 
@@ -23,7 +22,7 @@ import torchbridge
 from torchbridge.bench import machine
 from torchbridge.hf_models import BATCHES, hf_reference_models
 from torchbridge.optimize import quantize
-from torchbridge.optimize.measure import sample_call
+from torchbridge.optimize.measure import interleaved_latency, sample_call
 from torchbridge.optimize.passes import PassContext
 
 
@@ -60,17 +59,10 @@ def main() -> None:
                 result.summary()
             variants[label] = result.model
         call = sample_call(backend, sample)
-        samples: dict[str, list[float]] = {k: [] for k in variants}
-        with torch.inference_mode():
-            for _ in range(3):
-                for m in variants.values():
-                    call(m)
-            for _ in range(args.rounds):
-                for label, m in variants.items():
-                    started = time.perf_counter()
-                    call(m)
-                    samples[label].append(time.perf_counter() - started)
-        ms = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+        seconds = interleaved_latency([functools.partial(call, m) for m in variants.values()],
+                                      backend.synchronize, warmup=3, repeats=args.rounds,
+                                      min_seconds=0)
+        ms = {label: s * 1e3 for label, s in zip(variants, seconds, strict=True)}
         share = _share(backend, model, sample)
         chosen = "float32" if share is not None and \
             share >= quantize.INT8_FLOAT32_MIN_LINEAR_SHARE else "bf16"

@@ -16,15 +16,13 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from typing import Any
 
 
 def child(name: str, quantize: str | None, rounds: int) -> dict[str, float]:
-    import torch
     import torchbridge
     from torchbridge.hf_models import BATCHES, hf_reference_models
-    from torchbridge.optimize.measure import sample_call
+    from torchbridge.optimize.measure import interleaved_latency, sample_call
 
     backend = torchbridge.get_backend()
     reference = {r.name: r for r in hf_reference_models()}[name]
@@ -32,16 +30,10 @@ def child(name: str, quantize: str | None, rounds: int) -> dict[str, float]:
     sample = reference.make_input(BATCHES[name][0])
     prepared = backend.optimize(model, "O3", sample_input=sample, quantize=quantize).model
     call = sample_call(backend, sample)
-    samples: dict[str, list[float]] = {"eager": [], "O3": []}
-    with torch.inference_mode():
-        for _ in range(3):
-            call(model), call(prepared)
-        for _ in range(rounds):
-            for label, m in (("eager", model), ("O3", prepared)):
-                started = time.perf_counter()
-                call(m)
-                samples[label].append(time.perf_counter() - started)
-    return {label: statistics.median(s) * 1e3 for label, s in samples.items()}
+    eager, o3 = interleaved_latency([lambda: call(model), lambda: call(prepared)],
+                                    backend.synchronize, warmup=3, repeats=rounds,
+                                    min_seconds=0)
+    return {"eager": eager * 1e3, "O3": o3 * 1e3}
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +29,7 @@ import torchbridge
 from torch import nn
 from torchbridge.config import TorchBridgeConfig
 from torchbridge.hf_models import BATCHES, hf_reference_models
+from torchbridge.optimize.measure import interleaved_latency
 from torchbridge.optimize.quantize_gate import accuracy
 
 
@@ -112,18 +113,13 @@ def main() -> None:
             parser.error(f"unknown variant {name!r}")
         prepare_seconds[name] = time.perf_counter() - started
 
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for m in variants.values():
-        call(m)
-    for _ in range(args.rounds):
-        for name, m in variants.items():
-            started = time.perf_counter()
-            call(m)
-            times[name].append(time.perf_counter() - started)
-    base = statistics.median(times["eager"]) if "eager" in times else None
+    medians = interleaved_latency([functools.partial(call, m) for m in variants.values()],
+                                  lambda: None, warmup=1, repeats=args.rounds, min_seconds=0)
+    seconds = dict(zip(variants, medians, strict=True))
+    base = seconds.get("eager")
     print(f"\n{torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds")
     for name, m in variants.items():
-        median = statistics.median(times[name])
+        median = seconds[name]
         cosine, agreement = accuracy(expected, call(m))
         speed = f"{base / median:5.2f}x" if base else "      "
         print(f"{name:10} {median * 1e3:8.2f} ms {speed}  prepare {prepare_seconds[name]:6.1f} s"

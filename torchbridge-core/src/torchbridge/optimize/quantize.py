@@ -25,6 +25,7 @@ from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
 from torchbridge.optimize.quantize_gate import AccuracyGate, QuantizationReport, unsupported
 from torchbridge.optimize.report import QUANTIZE_NOT_ASKED, QUANTIZE_PASS
+from torchbridge.optimize.run import skip_reason
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +109,9 @@ def int8_float32_reason(model: nn.Module, ctx: PassContext) -> str | None:
     """Why the autocast pass leaves the model in float32: int8 will quantize it on a CPU
     and its nn.Linear layers do nearly all its work. None otherwise (a note then says
     why autocast runs beside int8)."""
-    if ctx.quantize != "int8" or ctx.backend.device.type != "cpu" or ctx.training \
-            or QUANTIZE_PASS in ctx.config.optimization.disabled_passes \
-            or _check(model, ctx) is not None:
+    if ctx.quantize != "int8" or ctx.backend.device.type != "cpu":
+        return None
+    if skip_reason(_quantize_pass(), "core", model, ctx) is not None:
         return None  # the quantize pass will not run: nothing is faster in float32
     share = linear_flop_share(model, ctx)
     if share is None:
@@ -247,12 +248,16 @@ def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Modu
 QUANTIZE_ORDER = 64
 
 
-def quantize_passes() -> list[OptimizationPass]:
-    """The quantize pass, with its own gate (one per run: the gate holds the run's
-    figures)."""
+def _quantize_pass() -> OptimizationPass:
     gate = AccuracyGate()
-    return [OptimizationPass(
+    return OptimizationPass(
         QUANTIZE_PASS, "Linear layers quantized through torchao (the mode and the accuracy "
         "figures: the report's quantization)", OptimizationLevel.O0,
         functools.partial(_quantize, gate=gate), _check, mode="inference",
-        order=QUANTIZE_ORDER, output_check=gate)]
+        order=QUANTIZE_ORDER, output_check=gate)
+
+
+def quantize_passes() -> list[OptimizationPass]:
+    """The quantize pass, with its own gate (one per run: the gate holds the run's
+    figures)."""
+    return [_quantize_pass()]

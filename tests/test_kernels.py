@@ -231,6 +231,37 @@ def test_the_first_contract_still_works_and_compiles_as_one_op(
     torch.testing.assert_close(compiled(g, u), ops.silu_mul(g, u) + 1, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("declined", [False, True], ids=["kernel", "declined"])
+def test_a_wrapped_kernel_compiles_whatever_layout_it_or_the_reference_returns(
+        declined: bool) -> None:
+    """Attention on transposed q, k and v, as Hugging Face models call it: the reference
+    returns a transposed output, a kernel (flash-attn, a plain matmul) a contiguous one.
+    Compiled code checks that an op returns the strides its fake gave; the wrapper's
+    outputs are contiguous either way, so inductor's graph runs."""
+    from torchbridge.kernels.implementations import bind
+
+    def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any,
+                       is_causal: bool, scale: Any, enable_gqa: bool) -> torch.Tensor:
+        return (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).softmax(-1) @ v
+
+    impl = KernelImplementation(
+        "scaled_dot_product_attention", f"contiguous_math_{declined}", math_attention,
+        declines=(lambda *args: "declined") if declined else None)
+    kernel = bind(impl, "test", "scaled_dot_product_attention")
+    q, k, v = (torch.randn(2, 16, 4, 8).transpose(1, 2) for _ in range(3))
+    assert not torch.nn.functional.scaled_dot_product_attention(q, k, v).is_contiguous()
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return kernel(q, k, v).transpose(1, 2).reshape(2, 16, 32) * 2
+
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(
+        1, 2).reshape(2, 16, 32) * 2
+    with torch._inductor.config.patch(force_disable_caches=True):  # a fresh compile
+        got = torch.compile(attend, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert kernel(q, k, v).is_contiguous()
+
+
 def test_disabled_ops_force_the_reference() -> None:
     cfg = torchbridge.TorchBridgeConfig(kernel={"disabled_ops": ["rms_norm"]})
     backend = torchbridge.get_backend(config=cfg)

@@ -11,7 +11,8 @@ wrapped in a custom op of its own, `torch.ops.torchbridge.<op>__<provider>_<name
 op's schema and fake: compile sees one op and never looks inside. The wrapper runs the
 reference instead when the call's dtype is not declared or `declines` gives a reason, and
 its backward is the implementation's `backward` when declared, else the reference's: the
-gradients are right whichever ran forward.
+gradients are right whichever ran forward. Its outputs are contiguous, whichever ran and
+whatever strides it returned (compiled code checks an op's strides against its fake).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class KernelImplementation:
     """One implementation of op `op`.
 
     forward: takes the op's arguments (see `torchbridge.kernels.ops.schema(op)`) and returns
-        what the reference returns, never an input or a view of one.
+        what the reference returns (in any layout), never an input or a view of one.
     backward: `backward(inputs, output, *grad_outputs) -> grads`, one gradient (or None)
         per op argument; None: inference only (selection skips it for training models).
     backends: backend names it serves (None: every backend).
@@ -166,7 +167,8 @@ def _backward_op(impl: KernelImplementation, name: str) -> Any:
                 for a in arguments]
 
     def shapes(tensors: list[torch.Tensor | None]) -> list[torch.Tensor]:
-        return [torch.zeros_like(t) if t is not None and t.is_floating_point()
+        # Contiguous, as the fake says (zeros_like would keep a transposed input's strides).
+        return [t.new_zeros(t.shape) if t is not None and t.is_floating_point()
                 else torch.empty(0) for t in tensors]
 
     def run(inputs: list[torch.Tensor | None], outputs: list[torch.Tensor],
@@ -463,13 +465,16 @@ def wrapper_op(impl: KernelImplementation, provider: str) -> Any:
             # torch.library passes arguments that have defaults by keyword.
             bound = bind_arguments(impl.op, args, kwargs)
             if decline_reason(impl, bound) is not None:
-                return reference(*bound)
-            return _unaliased(impl.forward(*bound), bound)
+                return _contiguous(reference(*bound))
+            return _contiguous(_unaliased(impl.forward(*bound), bound))
+
+        def fake(*args: Any, **kwargs: Any) -> Any:
+            return _contiguous(reference(*args, **kwargs))
 
         try:
             op = torch.library.custom_op(f"{ops_module.NAMESPACE}::{name}", run,
                                          mutates_args=(), schema=ops_module.schema(impl.op))
-            op.register_fake(reference)
+            op.register_fake(fake)
             setup_context, backward = _wrapped_autograd(impl, reference, name)
             op.register_autograd(backward, setup_context=setup_context)
         except (RuntimeError, ValueError, TypeError) as exc:
@@ -501,6 +506,17 @@ def bind(impl: KernelImplementation | None, provider: str | None, op: str,
         return BoundKernel(op, call, impl, provider, reasons or [])
     return BoundKernel(op, wrapper_op(impl, provider or "unknown"), impl, provider,
                        reasons or [])
+
+
+def _contiguous(output: Any) -> Any:
+    """The wrapper op's outputs, contiguous. Compiled code checks that an op returns the
+    strides its fake gave, and the reference's strides follow its inputs' layout (attention
+    on transposed q, k, v returns a transposed output), which an implementation need not
+    copy: so both the fake and the run return contiguous tensors, whatever the
+    implementation or the reference returned."""
+    if isinstance(output, tuple):
+        return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in output)
+    return output.contiguous() if isinstance(output, torch.Tensor) else output
 
 
 def _unaliased(output: Any, inputs: tuple[Any, ...]) -> Any:

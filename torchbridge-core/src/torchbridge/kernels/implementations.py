@@ -515,7 +515,9 @@ def _contiguous(output: Any) -> Any:
     copy: so both the fake and the run return contiguous tensors, whatever the
     implementation or the reference returned."""
     if isinstance(output, tuple):
-        return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in output)
+        return tuple(_contiguous(t) for t in output)
+    if isinstance(output, list):
+        return [_contiguous(t) for t in output]
     return output.contiguous() if isinstance(output, torch.Tensor) else output
 
 

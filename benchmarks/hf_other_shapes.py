@@ -14,9 +14,6 @@ the largest relative error against eager float32, and for int8 the accuracy gate
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
-import unittest.mock
 from collections.abc import Callable
 from typing import Any
 
@@ -24,16 +21,8 @@ import torch
 import torchbridge
 from torchbridge import bench
 from torchbridge.bench import _measure  # one model's variants, as bench.run measures them
+from torchbridge.hf_models import _images, _tokens  # the suite's input makers
 from torchbridge.types import dtype_name
-
-
-def _tokens(vocab: int, batch: int, seq: int) -> dict[str, torch.Tensor]:
-    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-
-
-def _images(batch: int, size: int) -> torch.Tensor:
-    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1))
 
 
 def models() -> dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], Any], str]]:
@@ -45,20 +34,20 @@ def models() -> dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], Any]
         "llama": (lambda: t.LlamaForCausalLM(t.LlamaConfig(
             vocab_size=16000, hidden_size=384, intermediate_size=1024, num_hidden_layers=3,
             num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
-            tie_word_embeddings=False)), lambda: _tokens(16000, 2, 96),
+            tie_word_embeddings=False)), lambda: _tokens(16000, 96)(2),
             "hidden 384, 3 layers, 6 heads / 2 KV heads, vocabulary 16000 untied, batch 2 x 96"),
         "bert": (lambda: t.BertForSequenceClassification(t.BertConfig(
             vocab_size=12000, hidden_size=384, num_hidden_layers=3, num_attention_heads=6,
             intermediate_size=1536, max_position_embeddings=256, num_labels=3)),
-            lambda: _tokens(12000, 16, 64),
+            lambda: _tokens(12000, 64)(16),
             "hidden 384, 3 layers, 6 heads, FFN 1536, batch 16 x 64"),
         "vit": (lambda: t.ViTForImageClassification(t.ViTConfig(
             image_size=96, patch_size=16, hidden_size=384, num_hidden_layers=3,
             num_attention_heads=6, intermediate_size=1536, num_labels=100)),
-            lambda: _images(4, 96), "96x96 images, patch 16, hidden 384, 3 layers, batch 4"),
+            lambda: _images(3, 96)(4), "96x96 images, patch 16, hidden 384, 3 layers, batch 4"),
         "resnet": (lambda: t.ResNetForImageClassification(t.ResNetConfig(
             embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
-            layer_type="basic", num_labels=100)), lambda: _images(4, 64),
+            layer_type="basic", num_labels=100)), lambda: _images(3, 64)(4),
             "ResNet-18 widths and depths, 64x64 images, batch 4"),
     }
 
@@ -68,8 +57,6 @@ def _times(value: float | None) -> str:
 
 
 def main() -> None:
-    import torch._inductor.config as inductor_config
-
     table = models()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=sorted(table), default=list(table))
@@ -80,18 +67,14 @@ def main() -> None:
     print("| model | variant | latency ms | vs eager | vs compile | first call s | "
           "vs compile's first call | rel error | quantize gate |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    caches = tempfile.TemporaryDirectory(prefix="torchbridge-shapes-")
-    # As bench.run: no variant's first call reuses what another compiled.
-    cold = inductor_config.patch(fx_graph_cache=False, autotune_local_cache=False)
-    with caches, cold, unittest.mock.patch.dict(os.environ):
-        bench._warm_inductor()
+    with bench.cold_compiles() as cache_root:  # as bench.run measures
         for name in args.models:
             build, make, _ = table[name]
             torch.manual_seed(0)
             model = build().eval()
             variants = ("eager", "compile", "O3", "O3 no sample", "O3 int8")
             rows, gone = _measure(backend, name, 0, model, make(), peaks, lambda _: None,
-                                  variants, cache_root=caches.name)
+                                  variants, cache_root=cache_root)
             bench.compare(rows)
             for r in rows:
                 gate = "-" if r.quantize_cosine is None else \

@@ -183,6 +183,24 @@ def _warm_inductor() -> None:
         warm(torch.randn(2, 8))
 
 
+@contextlib.contextmanager
+def cold_compiles() -> Iterator[str]:
+    """Where `_measure` runs: yields the folder under which each variant gets its own
+    compile cache (its `cache_root`), kept until every variant has been timed (a recompile
+    may need its folder). Inductor's on-disk caches are off in this process meanwhile (put
+    back afterwards), so that no variant's first call reuses what another compiled; the
+    compile pass points TORCHINDUCTOR_CACHE_DIR at each variant's folder (config
+    optimization.compile_cache_dir), and the caller's process gets its own value back.
+    Inductor's one-time setup is paid on entry, before any variant is timed."""
+    import torch._inductor.config as inductor_config
+
+    with tempfile.TemporaryDirectory(prefix="torchbridge-bench-") as caches, \
+            inductor_config.patch(fx_graph_cache=False, autotune_local_cache=False), \
+            unittest.mock.patch.dict(os.environ):
+        _warm_inductor()
+        yield caches
+
+
 def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | None = None,
         scale: float = 1.0, suite: str = "reference", *, backend: str | None = None,
         levels: list[str] | None = None, batch: int | None = None,
@@ -200,8 +218,6 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
     variants_for). `batch`: one batch size for every model, instead of `batches` or the
     suite's own. `second_process=False` leaves out the fresh-process first calls (each
     costs two Python processes preparing the model)."""
-    import torch._inductor.config as inductor_config
-
     import torchbridge
     from torchbridge import bench_firstcall
 
@@ -222,16 +238,7 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
     skipped: list[dict[str, Any]] = []
     load_at_start = _load_average()
     rows: list[Row] = []
-    # Kept until every variant has been timed: a recompile may need its folder.
-    caches = tempfile.TemporaryDirectory(prefix="torchbridge-bench-")
-    # Inductor's on-disk caches off in this process (put back afterwards), so that no
-    # variant's first call reuses what another compiled.
-    cold = inductor_config.patch(fx_graph_cache=False, autotune_local_cache=False)
-    # The compile pass points TORCHINDUCTOR_CACHE_DIR at each variant's folder (config
-    # optimization.compile_cache_dir); the caller's process gets its own value back.
-    inductor_folder = unittest.mock.patch.dict(os.environ)
-    with caches, cold, inductor_folder, progress(steps, "bench") as bar:
-        _warm_inductor()
+    with cold_compiles() as cache_root, progress(steps, "bench") as bar:
         done = 0
 
         def step(what: str) -> None:
@@ -246,7 +253,7 @@ def run(models: list[str] | None = None, batches: dict[str, tuple[int, ...]] | N
                 label = f"{ref.name} batch {size}"
                 measured, gone = _measure(chosen_backend, ref.name, size, model, x, peaks,
                                           functools.partial(_labelled, step, label), variants,
-                                          cache_root=caches.name)
+                                          cache_root=cache_root)
                 skipped.extend(gone)
                 for row in measured:
                     if row.variant in again:

@@ -326,3 +326,41 @@ def test_a_variant_prepare_model_cannot_prepare_is_reported(faked: dict[str, Any
         "reason": "ModelOptimizationError: pass 'inference_freezing' failed"}]
     assert "| mlp | 2 | O3 int8 | failed: ModelOptimizationError: pass " \
         "'inference_freezing' failed |" in bench.render(report)
+
+
+def test_a_calls_breakdown_counts_every_form_of_matrix_product() -> None:
+    """The FLOPs behind call_breakdown's matmul rate, from the shapes the profiler records
+    for each form a prepared model runs: the addend of addmm comes first, _int_mm.out
+    records its out= tensor last, oneDNN's linear takes (..., K) by (N, K)."""
+    from torchbridge.bench_profile import _part, _product_flops
+
+    assert _product_flops("aten::mm", [[512, 256], [256, 8192]]) == 2 * 512 * 256 * 8192
+    assert _product_flops("aten::_int_mm", [[512, 256], [256, 672], [512, 672]]) == \
+        2 * 512 * 256 * 672
+    assert _product_flops("aten::addmm", [[672], [512, 256], [256, 672], [], []]) == \
+        2 * 512 * 256 * 672
+    assert _product_flops("aten::bmm", [[16, 128, 64], [16, 64, 128]]) == \
+        2 * 16 * 128 * 64 * 128
+    assert _product_flops("mkldnn::_linear_pointwise", [[4, 128, 256], [672, 256], [672],
+                                                        [], [], []]) == 2 * 512 * 256 * 672
+    assert _product_flops("aten::_weight_int8pack_mm", [[512, 256], [672, 256], [672]]) == \
+        2 * 512 * 256 * 672
+    assert _product_flops("aten::_weight_int4pack_mm", [[512, 256], [84, 2, 32, 4], []]) == 0
+    assert _product_flops("aten::mm", [[], []]) == 0
+    assert [_part(n) for n in ("aten::_int_mm", "aten::_scaled_dot_product_flash_attention_"
+                               "for_cpu", "aten::mkldnn_convolution",
+                               "TorchDynamo Cache Lookup", "aten::add")] == \
+        ["matmuls", "attention", "convolutions", "guards", "rest"]
+
+
+def test_a_calls_breakdown_adds_up_to_the_profiled_call() -> None:
+    from torchbridge.bench_profile import call_breakdown
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 64)).eval()
+    b = call_breakdown(model, torch.randn(32, 64), calls=3)
+    parts = ("matmuls", "attention", "convolutions", "guards", "rest")
+    assert b["profiled_ms"] == pytest.approx(sum(b[f"{p}_ms"] for p in parts))
+    assert b["matmuls_ms"] > 0 and b["attention_ms"] == b["guards_ms"] == 0
+    assert b["matmul_gflops"] is not None and b["matmul_gflops"] > 0 and b["wall_ms"] > 0

@@ -1,9 +1,10 @@
 """Where a benchmark model's time goes, beside the latency rows of torchbridge.bench: the
-share of an eager call spent in matrix products (and their shapes), and generate() tokens
-per second for decoders."""
+share of an eager call spent in matrix products (and their shapes), where a prepared
+(compiled) model's call goes, and generate() tokens per second for decoders."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -84,6 +85,78 @@ def matmul_profile(model: torch.nn.Module, x: Any, calls: int = 3) -> dict[str, 
     return {"eager_ms": total * 1e3, "kernel_share": min(kernel_seconds[0] / calls / total, 1.0),
             "top_matmuls": [f"{k} {v[0] / calls / total:.0%} at {v[1] / v[0] / 1e9:.0f} GFLOP/s"
                             for k, v in top]}
+
+
+# What call_breakdown puts in which part, by the profiler's event names (self time, so that
+# nested events are not counted twice). Matrix products in every form a prepared model
+# runs them: float (oneDNN or MKL), int8 (torch._int_mm, oneDNN's qlinear), int8 weights.
+_PRODUCTS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_int_mm",
+             "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm", "aten::_scaled_mm",
+             "mkldnn::_linear_pointwise", "onednn::qlinear_pointwise"}
+_GUARDS = "TorchDynamo Cache Lookup"
+
+
+def _part(name: str) -> str:
+    if name in _PRODUCTS or name.startswith("onednn::qlinear"):
+        return "matmuls"
+    if name.startswith("aten::") and "scaled_dot_product" in name:
+        return "attention"
+    if name.startswith(("aten::", "mkldnn::", "onednn::")) and "convolution" in name:
+        return "convolutions"
+    if name == _GUARDS:
+        return "guards"
+    return "rest"
+
+
+def _product_flops(name: str, shapes: list[Any]) -> float:
+    """2 x batch x M x K x N of a matrix product from its recorded input shapes; 0 when
+    they do not say (int4's packed weights)."""
+    # Where the two matrices are: addmm and baddbmm take their addend first; the others
+    # take the matrices first (then scales, or the out= tensor of _int_mm.out).
+    first = 1 if name in ("aten::addmm", "aten::baddbmm") else 0
+    a, b = ([int(d) for d in s] if isinstance(s, (list, tuple)) else []
+            for s in shapes[first:first + 2]) if len(shapes) >= first + 2 else ([], [])
+    if len(a) < 2 or len(b) < 2 or name == "aten::_weight_int4pack_mm":
+        return 0.0
+    if name.startswith(("mkldnn::", "onednn::", "aten::_weight_int8")):
+        return 2.0 * math.prod(a[:-1]) * a[-1] * b[0]  # input (..., K), weight (N, K)
+    return 2.0 * (a[0] if len(a) == 3 else 1) * a[-2] * a[-1] * b[-1]
+
+
+def call_breakdown(model: Any, x: Any, calls: int = 20) -> dict[str, Any]:
+    """Where a call of a (prepared) model goes, measured with torch.profiler over `calls`
+    calls under inference_mode: milliseconds per call in matrix products (with the rate
+    they reach, GFLOP/s or int8 GOP/s), attention kernels, convolutions, dynamo's guard
+    check, and the rest (inductor's fused loops, the compiled graph's wrapper, allocation,
+    Python). The parts add up to the profiled call, which the profiler makes a little
+    slower than an unprofiled one ("wall_ms", timed before)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call = sample_call(_CPU, x)
+    with torch.inference_mode():
+        for _ in range(3):
+            call(model)
+        started = time.perf_counter()
+        for _ in range(calls):
+            call(model)
+        wall = (time.perf_counter() - started) / calls
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(calls):
+                call(model)
+    parts = dict.fromkeys(("matmuls", "attention", "convolutions", "guards", "rest"), 0.0)
+    flops = counted = 0.0  # the rate covers the products whose shapes say their FLOPs
+    for event in prof.key_averages(group_by_input_shape=True):
+        part = _part(event.key)
+        seconds = event.self_cpu_time_total / 1e6 / calls
+        parts[part] += seconds
+        if part == "matmuls" and (each := _product_flops(event.key, event.input_shapes)):
+            flops += each * event.count / calls
+            counted += seconds
+    total = sum(parts.values())
+    out: dict[str, Any] = {"wall_ms": wall * 1e3, "profiled_ms": total * 1e3}
+    out.update({f"{k}_ms": v * 1e3 for k, v in parts.items()})
+    out["matmul_gflops"] = flops / counted / 1e9 if counted else None
+    return out
 
 
 def generate_speed(backend: Any, name: str, model: torch.nn.Module, ids: torch.Tensor,

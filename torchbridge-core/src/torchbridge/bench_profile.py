@@ -124,12 +124,13 @@ def _product_flops(name: str, shapes: list[Any]) -> float:
 
 
 def call_breakdown(model: Any, x: Any, calls: int = 20) -> dict[str, Any]:
-    """Where a call of a (prepared) model goes, measured with torch.profiler over `calls`
-    calls under inference_mode: milliseconds per call in matrix products (with the rate
-    they reach, GFLOP/s or int8 GOP/s), attention kernels, convolutions, dynamo's guard
-    check, and the rest (inductor's fused loops, the compiled graph's wrapper, allocation,
-    Python). The parts add up to the profiled call, which the profiler makes a little
-    slower than an unprofiled one ("wall_ms", timed before)."""
+    """Where a call of a (prepared) model on the CPU goes, measured with torch.profiler
+    over `calls` calls under inference_mode: milliseconds per call in matrix products
+    (with the rate they reach, GFLOP/s or int8 GOP/s), attention kernels, convolutions,
+    dynamo's guard check, and the rest (inductor's fused loops, the compiled graph's
+    wrapper, allocation, Python). The parts add up to the profiled call, which profiling
+    makes slower than an unprofiled one ("wall_ms", timed before), an eager model's many
+    small ops most."""
     from torch.profiler import ProfilerActivity, profile
 
     call = sample_call(_CPU, x)

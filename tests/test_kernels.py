@@ -262,6 +262,25 @@ def test_a_wrapped_kernel_compiles_whatever_layout_it_or_the_reference_returns(
     assert kernel(q, k, v).is_contiguous()
 
 
+def test_a_wrapped_ops_outputs_are_never_an_input_and_always_contiguous() -> None:
+    """What the wrapper op returns, for each output form an op's schema allows (a tensor,
+    a tuple, a list): an input returned as is is copied, a transposed output made
+    contiguous, anything else passed through."""
+    from torchbridge.kernels.implementations import _op_outputs
+
+    x, t = torch.randn(4, 8), torch.randn(8, 4).t()
+    for form in (tuple, list):
+        out = _op_outputs(form([x, t, None]), (x,))
+        assert type(out) is form and out[2] is None
+        torch.testing.assert_close(out[0], x)
+        assert out[0].untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        assert out[1].is_contiguous() and torch.equal(out[1], t)
+    alone = _op_outputs(x, (x,))
+    assert alone.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    fresh = torch.randn(3)
+    assert _op_outputs(fresh, (x,)) is fresh
+
+
 def test_disabled_ops_force_the_reference() -> None:
     cfg = torchbridge.TorchBridgeConfig(kernel={"disabled_ops": ["rms_norm"]})
     backend = torchbridge.get_backend(config=cfg)

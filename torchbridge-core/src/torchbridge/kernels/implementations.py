@@ -465,11 +465,11 @@ def wrapper_op(impl: KernelImplementation, provider: str) -> Any:
             # torch.library passes arguments that have defaults by keyword.
             bound = bind_arguments(impl.op, args, kwargs)
             if decline_reason(impl, bound) is not None:
-                return _contiguous(reference(*bound))
-            return _contiguous(_unaliased(impl.forward(*bound), bound))
+                return _op_outputs(reference(*bound))
+            return _op_outputs(impl.forward(*bound), bound)
 
         def fake(*args: Any, **kwargs: Any) -> Any:
-            return _contiguous(reference(*args, **kwargs))
+            return _op_outputs(reference(*args, **kwargs))
 
         try:
             op = torch.library.custom_op(f"{ops_module.NAMESPACE}::{name}", run,
@@ -508,34 +508,30 @@ def bind(impl: KernelImplementation | None, provider: str | None, op: str,
                        reasons or [])
 
 
-def _contiguous(output: Any) -> Any:
-    """The wrapper op's outputs, contiguous. Compiled code checks that an op returns the
-    strides its fake gave, and the reference's strides follow its inputs' layout (attention
-    on transposed q, k, v returns a transposed output), which an implementation need not
-    copy: so both the fake and the run return contiguous tensors, whatever the
-    implementation or the reference returned."""
-    if isinstance(output, tuple):
-        return tuple(_contiguous(t) for t in output)
-    if isinstance(output, list):
-        return [_contiguous(t) for t in output]
-    return output.contiguous() if isinstance(output, torch.Tensor) else output
-
-
-def _unaliased(output: Any, inputs: tuple[Any, ...]) -> Any:
-    """An op may not return its input: an implementation that does (an in-place kernel
-    returning x) has that output copied."""
+def _op_outputs(output: Any, inputs: tuple[Any, ...] = ()) -> Any:
+    """The wrapper op's outputs (a tensor, or a tuple or list of them): contiguous, and
+    none of them an input. Compiled code checks that an op returns the strides its fake
+    gave, and the reference's strides follow its inputs' layout (attention on transposed
+    q, k, v returns a transposed output), which an implementation need not copy: so both
+    the fake and the run return contiguous tensors, whatever the implementation or the
+    reference returned. And an op may not return its input: an implementation that does
+    (an in-place kernel returning x) has that output copied. Without `inputs` (the fake,
+    whose tensors have no storage to compare; the reference) no output is compared."""
     storages = {a.untyped_storage().data_ptr() for a in inputs
                 if isinstance(a, torch.Tensor) and a.numel()}
 
-    def copy_if_alias(t: Any) -> Any:
-        if isinstance(t, torch.Tensor) and t.numel() and \
-                t.untyped_storage().data_ptr() in storages:
-            return t.clone()
-        return t
+    def one(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        if storages and t.numel() and t.untyped_storage().data_ptr() in storages:
+            return t.clone(memory_format=torch.contiguous_format)
+        return t.contiguous()
 
     if isinstance(output, tuple):
-        return tuple(copy_if_alias(t) for t in output)
-    return copy_if_alias(output)
+        return tuple(one(t) for t in output)
+    if isinstance(output, list):
+        return [one(t) for t in output]
+    return one(output)
 
 
 def argument_spec(op: str) -> tuple[tuple[str, bool, Any], ...]:

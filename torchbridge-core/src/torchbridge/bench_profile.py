@@ -30,16 +30,20 @@ _ATTENTION = {"aten::_scaled_dot_product_flash_attention_for_cpu",
               "aten::_scaled_dot_product_attention_math", "aten::convolution"}
 
 
-def _matmul_shape(name: str, args: Any) -> tuple[int, int, int, int] | None:
-    """(batch, M, K, N) of a matrix product's arguments."""
-    mats = [a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2]
-    if name == "aten::linear" and mats:
-        x, w = args[0], args[1]
-        return 1, x.numel() // x.shape[-1], x.shape[-1], w.shape[0]
-    if len(mats) < 2:
+def _product_dims(name: str, shapes: list[Any]) -> tuple[int, int, int, int] | None:
+    """(batch, M, K, N) of a matrix product from its arguments' shapes; None when they do
+    not say (int4's packed weights)."""
+    # Where the two matrices are: addmm and baddbmm take their addend first; the others
+    # take the matrices first (then scales, or the out= tensor of _int_mm.out).
+    first = 1 if name in ("aten::addmm", "aten::baddbmm") else 0
+    a, b = ([int(d) for d in s] if isinstance(s, (list, tuple)) else []
+            for s in shapes[first:first + 2]) if len(shapes) >= first + 2 else ([], [])
+    if len(a) < 2 or len(b) < 2 or name == "aten::_weight_int4pack_mm":
         return None
-    a, b = mats[-2], mats[-1]
-    return (a.shape[0] if a.dim() == 3 else 1), a.shape[-2], a.shape[-1], b.shape[-1]
+    if name == "aten::linear" or name.startswith(("mkldnn::", "onednn::",
+                                                  "aten::_weight_int8")):
+        return 1, math.prod(a[:-1]), a[-1], b[0]  # input (..., K), weight (N, K)
+    return (a[0] if len(a) == 3 else 1), a[-2], a[-1], b[-1]
 
 
 def matmul_profile(model: torch.nn.Module, x: Any, calls: int = 3) -> dict[str, Any]:
@@ -62,7 +66,9 @@ def matmul_profile(model: torch.nn.Module, x: Any, calls: int = 3) -> dict[str, 
             out = func(*args, **(kwargs or {}))
             seconds = time.perf_counter() - started
             kernel_seconds[0] += seconds
-            shape = _matmul_shape(name, args) if name in _MATMULS else None
+            shape = _product_dims(name, [list(a.shape) if isinstance(a, torch.Tensor)
+                                         else [] for a in args]) \
+                if name in _MATMULS else None
             if shape is not None:
                 batch, m, k, n = shape
                 entry = times.setdefault(f"{m}x{k}x{n}" + (f" (x{batch})" if batch > 1
@@ -110,17 +116,9 @@ def _part(name: str) -> str:
 
 def _product_flops(name: str, shapes: list[Any]) -> float:
     """2 x batch x M x K x N of a matrix product from its recorded input shapes; 0 when
-    they do not say (int4's packed weights)."""
-    # Where the two matrices are: addmm and baddbmm take their addend first; the others
-    # take the matrices first (then scales, or the out= tensor of _int_mm.out).
-    first = 1 if name in ("aten::addmm", "aten::baddbmm") else 0
-    a, b = ([int(d) for d in s] if isinstance(s, (list, tuple)) else []
-            for s in shapes[first:first + 2]) if len(shapes) >= first + 2 else ([], [])
-    if len(a) < 2 or len(b) < 2 or name == "aten::_weight_int4pack_mm":
-        return 0.0
-    if name.startswith(("mkldnn::", "onednn::", "aten::_weight_int8")):
-        return 2.0 * math.prod(a[:-1]) * a[-1] * b[0]  # input (..., K), weight (N, K)
-    return 2.0 * (a[0] if len(a) == 3 else 1) * a[-2] * a[-1] * b[-1]
+    they do not say."""
+    dims = _product_dims(name, shapes)
+    return 2.0 * math.prod(dims) if dims else 0.0
 
 
 def call_breakdown(model: Any, x: Any, calls: int = 20) -> dict[str, Any]:

@@ -6,6 +6,7 @@ byte, any bytes at all)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import os
 import pickle
@@ -429,6 +430,32 @@ def test_an_intact_file_with_other_objects_suggests_weights_only_false(tmp_path:
     torch.save({"when": Path("/tmp")}, legacy, _use_new_zipfile_serialization=False)
     with pytest.raises(CheckpointError, match=r"intact.*weights_only=False"):
         torchbridge.load_checkpoint(legacy)
+
+
+@dataclasses.dataclass
+class RunMeta:  # a module-level dataclass: pickled with NEWOBJ and BUILD
+    epoch: int = 3
+
+
+def test_an_object_pickled_through_new_and_build_is_not_called_damaged(tmp_path: Path
+                                                                       ) -> None:
+    # The dry run's stand-in object lacked its record when pickle made it through __new__
+    # alone (a dataclass; torchao's int8 weights hold one): intact files were "damaged".
+    path = tmp_path / "meta.pt"
+    torch.save({"w": torch.ones(2), "meta": RunMeta()}, path)
+    with pytest.raises(CheckpointError, match=r"intact.*RunMeta.*weights_only=False"):
+        torchbridge.load_checkpoint(path)
+    assert torchbridge.load_checkpoint(path, weights_only=False)["meta"] == RunMeta()
+
+
+def test_a_tensor_subclass_in_safetensors_is_a_checkpoint_error(tmp_path: Path) -> None:
+    class Tagged(torch.Tensor):  # stands for a quantized weight (torchao's Int8Tensor)
+        pass
+
+    path = tmp_path / "tagged.safetensors"
+    with pytest.raises(CheckpointError, match=r"'w' is a Tagged \(a tensor subclass.*\.pt"):
+        torchbridge.save_checkpoint({"w": torch.ones(2).as_subclass(Tagged)}, path)
+    assert not path.exists()
 
 
 @posix_only

@@ -7,6 +7,7 @@ any host; those that quantize need torchao (skipped without it, with the reason)
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -311,6 +312,88 @@ def test_accuracy_figures() -> None:
     assert accuracy(torch.ones(4, 1), torch.ones(4, 1)) == (pytest.approx(1.0), None)
     with pytest.raises(ValueError, match="do not match"):
         accuracy(reference, reference[:1])
+
+
+def test_the_cosine_is_the_lowest_of_the_outputs() -> None:
+    # A small output ruined beside a large one: joined into one vector, the large one hid
+    # it (cosine 0.99997 for a pair whose second output had cosine 0.3).
+    big, small = torch.full((8, 1), 1000.0), torch.linspace(1.0, 2.0, 8).unsqueeze(1)
+    cosine, agreement = accuracy((big, small), (big, small.flip(0) - 1.5))
+    assert cosine < 0.5 and agreement is None
+    assert accuracy((big, small), (big, small))[0] == pytest.approx(1.0)
+
+
+def test_a_nan_the_reference_does_not_have_fails_the_cosine() -> None:
+    # max(-1, min(1, nan)) is 1.0 in Python: the gate once passed a NaN output as cosine 1.
+    reference = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    broken = reference.clone()
+    broken[0, 0] = float("nan")
+    assert math.isnan(accuracy(reference, broken)[0])
+    inf = reference.clone()
+    inf[1, 1] = float("inf")
+    assert math.isnan(accuracy(reference, inf)[0])
+    # The same NaN in both (a masked position, say) is left out, as drift leaves it out.
+    assert accuracy(broken, broken.clone())[0] == pytest.approx(1.0)
+
+
+@needs_torchao
+def test_a_quantization_that_outputs_nan_is_rolled_back(vnni: None) -> None:
+    from torchao.utils import TorchAOBaseTensor
+
+    class NanWhenQuantized(nn.Module):  # one NaN among the outputs once int8 runs it
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.linear(x)
+            if isinstance(self.linear.weight, TorchAOBaseTensor):
+                out = out.clone()
+                out[0, 0] = float("nan")
+            return out
+
+    torch.manual_seed(0)
+    x = torch.randn(32, 16)
+    model = NanWhenQuantized().eval()
+    result = _backend().optimize(model, "O1", sample_input=x, quantize="int8")
+    status, detail = _status(result)
+    assert status == "failed" and "rolled back: cosine nan" in detail, detail
+    assert not torch.isnan(result.model(x)).any()
+
+
+@needs_torchao
+def test_one_linear_torchao_refuses_keeps_its_float_weight(vnni: None) -> None:
+    # torchao raises on nn.Linear(1, 16) and cannot serve `x @ self.weight.T` (a subclass
+    # like transformers' FalconLinear): those keep float weights, the others quantize.
+    class TransposedLinear(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.weight.T + self.bias
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Linear(1, 64)
+            self.up = nn.Linear(64, 128)
+            self.odd = TransposedLinear(128, 64)
+            self.down = nn.Linear(64, 16)
+
+        def forward(self, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+            return self.down(self.odd(torch.relu(self.up(x * self.scale(s)))))
+
+    torch.manual_seed(0)
+    model = Mixed().eval()
+    sample = (torch.randn(32, 64), torch.randn(32, 1))
+    result = _backend().optimize(model, "O1", sample_input=sample, quantize="int8")
+    assert _status(result)[0] == "applied", result.summary()
+    from torchao.utils import TorchAOBaseTensor
+
+    quantized = {n for n, m in result.model.named_modules()
+                 if isinstance(getattr(m, "weight", None), TorchAOBaseTensor)}
+    assert quantized == {"up", "down"}
+    assert "on 2 of 4 Linear" in result.quantization_outcome()["detail"]
+    note = next(n for n in result.notes if "kept in float" in n)
+    assert "scale (RuntimeError" in note and "odd (" in note
+    torch.testing.assert_close(result.model(*sample), model(*sample), rtol=0.1, atol=0.1)
 
 
 def _gpu(vendor: str, capability: str, **extra: Any) -> DeviceInfo:

@@ -261,7 +261,11 @@ class _Inert:
     """Stands for any global and for anything built from one; records what it was given."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> _Inert:
-        return object.__new__(cls)
+        # Parts set here too: NEWOBJ and BUILD (a dataclass, torchao's quantized weights)
+        # make the object through __new__ alone, then hand it its state.
+        obj = object.__new__(cls)
+        obj.parts = [args, kwargs]
+        return obj
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.parts: list[Any] = [args, kwargs]

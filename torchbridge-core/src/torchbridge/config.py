@@ -178,6 +178,11 @@ class OptimizationConfig(ConfigSection):
         default=0.90, ge=0.0, le=1.0, description="accuracy gate of a quantized model: "
         "least share of rows whose argmax (top class or token) matches the unquantized "
         "model's on the sample input")
+    time_first_call: bool = Field(
+        default=True, description="without a sample input, O2 and O3 time the prepared "
+        "model on its first call's input (eval mode) against O0 and itself uncompiled, and "
+        "keep the fastest; until then prepare_model keeps what undoes its passes (a copy "
+        "of the model's tensors). False: no timing, the prepared model as it is")
     compile_cache_dir: str | None = Field(
         default=None, description="where torch.compile keeps compiled artifacts, so that "
         "another process preparing the same model reuses them (None: inductor's default, "

@@ -85,6 +85,12 @@ def save(state: dict[str, Any], path: Path) -> Path:
                 f"cannot save checkpoint {path}: entry {key!r} is of type {type(value).__name__}, "
                 "not a tensor, and a safetensors file holds tensors only; save the state as a "
                 "torch checkpoint (.pt) or leave that entry out")
+        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+            raise CheckpointError(
+                f"cannot save checkpoint {path}: tensor {key!r} is a "
+                f"{type(value).__name__} (a tensor subclass, such as a quantized weight), "
+                "and a safetensors file holds plain tensors only; save it as a torch "
+                "checkpoint (.pt)")
         if value.layout != torch.strided or value.dtype not in _DTYPE_NAMES:
             raise CheckpointError(f"cannot save checkpoint {path}: tensor {key!r} "
                                   f"({value.dtype}, {value.layout}) has no safetensors form")

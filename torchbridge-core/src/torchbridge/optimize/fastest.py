@@ -49,15 +49,17 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.4g} ms"
 
 
-def time_candidates(run: Run, baseline: nn.Module, timer: Timer) -> dict[str, float]:
-    """Median seconds on the sample input of "O0" (the model as given, placed), "prepared"
-    and, when the prepared model runs compiled, "uncompiled" (the same model, its forward
-    before compile). Eval mode; the models' buffers and the RNG are left as they were."""
+def time_candidates(run: Run, baseline: nn.Module | None, timer: Timer) -> dict[str, float]:
+    """Median seconds on the run's input of "O0" (the model as given, placed; left out when
+    `baseline` is None), "prepared" and, when the prepared model runs compiled,
+    "uncompiled" (the same model, its forward before compile). Eval mode; the models'
+    buffers and the RNG are left as they were."""
     call = run.call
     assert call is not None
     work = run.work
-    candidates: dict[str, Callable[[], Any]] = {
-        "O0": lambda: call(baseline), "prepared": lambda: call(work)}
+    candidates: dict[str, Callable[[], Any]] = {"prepared": lambda: call(work)}
+    if baseline is not None:
+        candidates = {"O0": lambda: call(baseline), **candidates}
     state = compile_state(work)
     if state is not None and state.error is None and _applied(run, COMPILE_PASS):
         def without_compile() -> Any:
@@ -65,7 +67,7 @@ def time_candidates(run: Run, baseline: nn.Module, timer: Timer) -> dict[str, fl
                 return call(work)
         candidates["uncompiled"] = without_compile
     with ExitStack() as stack:
-        for model in {id(baseline): baseline, id(work): work}.values():
+        for model in {id(m): m for m in (baseline, work) if m is not None}.values():
             stack.enter_context(preserved_state(model))
             model.eval()
         return round_robin(candidates, timer, warmup=WARMUP, repeats=REPEATS,
@@ -77,14 +79,17 @@ def _applied(run: Run, name: str) -> bool:
     return any(entry.p.name == name and entry.effective for entry in run.applied)
 
 
-def keep_fastest(run: Run, baseline: nn.Module, timer: Timer, decide: bool = True) -> None:
+def keep_fastest(run: Run, baseline: nn.Module | None, timer: Timer, decide: bool = True,
+                 on: str = "the sample input") -> None:
     """Times the candidates and keeps the fastest: passes undone as needed, the report's
-    speedup and notes say what was measured and kept. decide=False: measured only."""
+    speedup and notes say what was measured and kept. decide=False: measured only.
+    `baseline` None: O0 is not a candidate (the prepared model against itself
+    uncompiled); `on` names the input timed, for the report."""
     seconds = time_candidates(run, baseline, timer)
     kept = min(seconds, key=lambda label: seconds[label]) if decide else "prepared"
     result = run.result
     figures = ", ".join(f"{label} {_ms(s)}" for label, s in seconds.items())
-    why = f"timed on the sample input ({figures})"
+    why = f"timed on {on} ({figures})"
     if not decide:
         result.notes.append(f"{why}: measured only (the model is in training mode)")
     elif kept == "prepared":
@@ -92,16 +97,18 @@ def keep_fastest(run: Run, baseline: nn.Module, timer: Timer, decide: bool = Tru
     else:
         stop = (lambda entry: entry.p.name == COMPILE_PASS) if kept == "uncompiled" else None
         undone = _undo(run, stop, why)
-        what = "its forward uncompiled" if kept == "uncompiled" else "O0 (as given, placed)"
-        result.notes.append(f"{why}: {kept} was the fastest, so prepare_model returns "
-                            f"{what}; undone: {', '.join(undone)}")
+        what = "its forward uncompiled" if kept == "uncompiled" else "as O0 (as given, placed)"
+        result.notes.append(f"{why}: {kept} was the fastest, so the model runs {what}; "
+                            f"undone: {', '.join(undone)}")
         logger.info("prepare_model kept %s: %s; undone: %s", kept, figures,
                     ", ".join(undone))
         run.check_effects()
         run.settle_settings()
         run.final_check()
-    result.baseline_seconds, result.optimized_seconds = seconds["O0"], seconds[kept]
-    result.speedup = seconds["O0"] / seconds[kept] if seconds[kept] > 0 else None
+    result.optimized_seconds = seconds[kept]
+    if "O0" in seconds:
+        result.baseline_seconds = seconds["O0"]
+        result.speedup = seconds["O0"] / seconds[kept] if seconds[kept] > 0 else None
 
 
 def _undo(run: Run, stop: Callable[[Any], bool] | None, why: str) -> list[str]:

@@ -243,4 +243,8 @@ def compile_state(model: nn.Module) -> CompileState | None:
                 return value
             if isinstance(value, types.FunctionType):
                 todo.append(value)
+        # A forward that is an object, not a closure (optimize/first_call.py), names the
+        # forward it wraps.
+        if not isinstance(fn, types.FunctionType) and hasattr(fn, "__wrapped__"):
+            todo.append(fn.__wrapped__)
     return None

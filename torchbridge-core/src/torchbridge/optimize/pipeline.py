@@ -25,6 +25,7 @@ from torchbridge.errors import (
 from torchbridge.levels import LEVEL_TOLERANCE, OptimizationLevel
 from torchbridge.optimize import fastest
 from torchbridge.optimize.fastest import keep_fastest
+from torchbridge.optimize.first_call import install_first_call_timing
 from torchbridge.optimize.measure import Timer, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext
 from torchbridge.optimize.report import OptimizationResult, attach_result
@@ -251,6 +252,13 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
                          decide=not model.training)
             result.stage_seconds["timing"] = time.perf_counter() - started
             work = result.model = run.work
+        elif call is None and level >= OptimizationLevel.O2 and not model.training and \
+                backend.config.optimization.time_first_call:
+            # No sample input: the first call's input is the sample (optimize/first_call.py).
+            # O0 is the caller's model when that costs no copy.
+            install_first_call_timing(
+                run, model if not inplace and _on_device(model, backend.device) else None,
+                timer or fastest.default_timer(backend.synchronize))
         result.kernel_substitutions = ctx.state.get("kernel_substitutions", [])
         result.quantization = ctx.state.get("quantization")
     except BaseException as exc:

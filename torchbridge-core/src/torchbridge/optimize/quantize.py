@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -179,9 +179,35 @@ def _quantized(module: nn.Module) -> bool:
     return isinstance(getattr(module, "weight", None), TorchAOBaseTensor)
 
 
-def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Module:
+def _quantize_each(linears: list[tuple[str, nn.Linear]], config: Any
+                   ) -> tuple[list[str], list[str]]:
+    """quantize_ one Linear at a time, each then called on a one-row input: a layer that
+    torchao refuses (it raised on an nn.Linear(1, 16)) or whose forward its weight tensor
+    cannot serve (a subclass computing `x @ self.weight.T`: no permute for Int8Tensor)
+    keeps its float weight, instead of the whole model losing quantization over one
+    layer. Returns the quantized layers' names, and the others' with the error."""
     from torchao.quantization import quantize_
 
+    done: list[str] = []
+    refused: list[str] = []
+    for name, m in linears:
+        weight = m.weight
+        try:
+            quantize_(m, config)
+            if _quantized(m):
+                with torch.no_grad():  # forward, not the module: its hooks see no probe
+                    m.forward(torch.zeros(1, m.in_features, dtype=weight.dtype,
+                                          device=weight.device))
+                done.append(name)
+        except Exception as exc:
+            # The Parameter object it had, registered again.
+            m.register_parameter("weight", cast(nn.Parameter, weight))
+            refused.append(f"{name or type(m).__name__} ({type(exc).__name__}: "
+                           f"{str(exc)[:120]})")
+    return done, refused
+
+
+def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Module:
     mode = ctx.quantize
     assert mode is not None
     config = _torchao_config(mode, ctx)
@@ -193,11 +219,11 @@ def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Modu
     tied = {id(p) for m in model.modules() if not isinstance(m, nn.Linear)
             for p in m.parameters(recurse=False)}
     untied = [name for name, m in linears if id(m.weight) in tied]
-    quantize_(model, config)
-    done = [name for name, m in linears if _quantized(m)]
+    done, refused = _quantize_each(linears, config)
     if not done:
         raise PassSkipped(f"{mode}: torchao quantized none of the {len(linears)} nn.Linear "
-                          "layers (shapes it does not take, or Linears it leaves alone)")
+                          "layers (shapes it does not take, or Linears it leaves alone)"
+                          + (f"; it raised on {'; '.join(refused[:3])}" if refused else ""))
     _compile_options(ctx)
     report = QuantizationReport(
         mode, f"torchao {type(config).__name__} on {len(done)} of {len(linears)} Linear "
@@ -206,10 +232,14 @@ def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Modu
     gate.report = report
     ctx.state["quantization"] = report
     logger.info("quantize: %s, %s", mode, report.method)
-    left = len(linears) - len(done)
+    left = len(linears) - len(done) - len(refused)
     if left:
         ctx.notes.append(f"quantize: {left} Linear layer(s) left unquantized by torchao "
                          "(shapes its kernels do not take)")
+    if refused:
+        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+        ctx.notes.append(f"quantize: {len(refused)} Linear layer(s) kept in float, torchao "
+                         f"failed on them: {'; '.join(refused[:3])}{more}")
     if untied := [n for n in untied if n in done]:
         ctx.notes.append(f"quantize: {', '.join(untied)} shared its weight with an "
                          "embedding: the Linear now holds a quantized copy, the embedding "

@@ -102,25 +102,38 @@ def _floating(output: Any) -> list[torch.Tensor]:
     return [t.detach().float().cpu() for t in trees.tensors(output) if t.is_floating_point()]
 
 
+def _cosine(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """Cosine of two same-shape tensors, flattened, in float64. Positions where both hold
+    the same non-finite value (NaN in both, the same infinity) are left out, as the drift
+    check leaves them; a non-finite value in one only makes the cosine NaN (a failure)."""
+    a, b = ref.flatten().double(), out.flatten().double()
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    if not bool(finite.all()):
+        same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+        if not bool((finite | same).all()):
+            return math.nan
+        a, b = a[finite], b[finite]
+    norms = float(a.norm() * b.norm())
+    if norms == 0.0:
+        return 1.0 if bool(torch.equal(a, b)) else 0.0
+    return max(-1.0, min(1.0, float(a @ b) / norms))
+
+
 def accuracy(reference: Any, output: Any) -> tuple[float, float | None]:
-    """(cosine similarity, argmax agreement) of `output` against `reference`: the cosine
-    of all their floating tensors flattened into one float32 vector each (accumulated in
-    float64); the agreement, the share of rows (over the last dimension, in every
-    floating tensor whose last dimension is > 1) whose argmax is the same, None when no
-    tensor has such rows. Raises ValueError when the outputs do not pair up."""
+    """(cosine similarity, argmax agreement) of `output` against `reference`: the lowest
+    cosine of their floating tensors, pair by pair (so that a small output ruined beside
+    a large one still counts; NaN when one holds a NaN or infinity the other does not);
+    the agreement, the share of rows (over the last dimension, in every floating tensor
+    whose last dimension is > 1) whose argmax is the same, None when no tensor has such
+    rows. Raises ValueError when the outputs do not pair up."""
     ref, out = _floating(reference), _floating(output)
     if len(ref) != len(out) or any(r.shape != o.shape for r, o in zip(ref, out, strict=True)):
         raise ValueError("the quantized model's floating outputs do not match the "
                          "reference's in number or shape")
     if not ref:
         raise ValueError("the model returns no floating tensor to compare")
-    a = torch.cat([r.flatten() for r in ref]).double()
-    b = torch.cat([o.flatten() for o in out]).double()
-    norms = float(a.norm() * b.norm())
-    if norms == 0.0:
-        cosine = 1.0 if bool(torch.equal(a, b)) else 0.0
-    else:
-        cosine = max(-1.0, min(1.0, float(a @ b) / norms))
+    cosines = [_cosine(r, o) for r, o in zip(ref, out, strict=True)]
+    cosine = math.nan if any(math.isnan(c) for c in cosines) else min(cosines)
     rows = same = 0
     for r, o in zip(ref, out, strict=True):
         if r.dim() == 0 or r.shape[-1] <= 1:

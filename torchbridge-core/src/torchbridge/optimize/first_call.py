@@ -1,0 +1,188 @@
+"""Without a sample input, the first call decides: O2 and O3 time the prepared model on
+the first call's own input, as they would have on a sample input, and keep the fastest.
+
+Without it, nothing held "never slower than eager" for such a run: a small MLP at O3 with
+no sample input (bf16 autocast and weights, compiled) measured 108 us a call against 26 us
+eager on the 2-core AMD EPYC (batch 1, width 64): compiling and casting cost more than a
+model that small computes.
+
+Until that first call the run is kept (the snapshots that undo its passes: one copy of the
+model's tensors) and O0 is the caller's own model, which prepare_model did not change: it
+is a candidate only when prepare_model made a copy and the model was already on the
+device, so that nothing is copied for it. Otherwise (inplace=True, a model placed by
+prepare_model) the prepared model is timed against itself uncompiled only.
+
+The first call's input is replayed: the candidates, the final check against O0 and the
+timing each run on a copy of it (its tensors cloned), under no_grad, leaving the models'
+buffers and the RNG as they were; then the call itself runs once on the model kept. Only
+inputs of tensors and plain values in tuples, lists and dicts are replayed: an object
+such as a Hugging Face KV cache (generate() passes one) may change at every call, so such
+a first call is not timed and the report says so, as it says for a first call in
+training mode.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from torchbridge.errors import ModelOptimizationError
+from torchbridge.optimize.fastest import COMPILE_PASS, keep_fastest
+from torchbridge.optimize.forward import compile_state
+from torchbridge.optimize.measure import Timer, preserved_state
+from torchbridge.optimize.report import attach_result
+
+if TYPE_CHECKING:
+    from torchbridge.optimize.run import Run
+
+logger = logging.getLogger("torchbridge.optimize.pipeline")
+
+_PLAIN = (int, float, bool, str, type(None))
+_CONTAINERS = (tuple, list, dict)
+ON = "the first call's input"
+
+
+def _not_replayable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Why the call's input cannot be replayed (a container or value other than tensors
+    and plain values in tuples, lists and dicts), or None."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    specs = [spec]
+    while specs:
+        node = specs.pop()
+        if not node.is_leaf():
+            if node.type not in _CONTAINERS:
+                return f"it holds a {node.type.__name__}"
+            specs.extend(node.children())
+    for leaf in leaves:
+        if not isinstance(leaf, (torch.Tensor, *_PLAIN)):
+            return f"it holds a {type(leaf).__name__}"
+    return None
+
+
+def _copied(args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    # Outside inference mode: a clone of an inference tensor is then an ordinary tensor,
+    # which the candidates may use as the model's checks and compile did.
+    with torch.inference_mode(False):
+        copied: tuple[tuple[Any, ...], dict[str, Any]] = pytree.tree_map_only(
+            torch.Tensor, lambda t: t.detach().clone(), (args, kwargs))
+    return copied
+
+
+def _candidates_left(run: Run, baseline: nn.Module | None) -> bool:
+    state = compile_state(run.work)
+    compiled = state is not None and state.error is None and any(
+        entry.p.name == COMPILE_PASS and entry.effective for entry in run.applied)
+    return baseline is not None or compiled
+
+
+def install_first_call_timing(run: Run, baseline: nn.Module | None, timer: Timer) -> None:
+    """The prepared model (run.work) times itself at its first call in eval mode, against
+    `baseline` (O0; None: against itself uncompiled only), and keeps the fastest."""
+    model = run.work
+    if any(entry.before.model is not model for entry in run.applied):
+        # Undoing would give back another object than the one the caller holds.
+        run.result.notes.append("no sample input, and a pass replaced the model object: "
+                                "the first call is not timed")
+        return
+    if not _candidates_left(run, baseline):
+        return  # nothing to time against: the prepared model is all there is
+    run.result.notes.append(
+        "no sample input: the first call in eval mode times the prepared model on its "
+        "own input against " + ("O0 and " if baseline is not None else "")
+        + "itself uncompiled, and keeps the fastest (until then, what undoes the passes "
+        "is kept)")
+    model.forward = _FirstCallTiming(model, run, baseline, timer)  # type: ignore[method-assign]
+
+
+class _FirstCallTiming:
+    """The prepared model's forward until its first call has decided. Not a function made by
+    forward.install_forward: a pickled or deep-copied model must not carry the run along,
+    so this forward pickles and copies as the one it wraps (the copy keeps the prepared
+    model as it is; the run undoes this model's passes, not the copy's)."""
+
+    def __init__(self, model: nn.Module, run: Run, baseline: nn.Module | None,
+                 timer: Timer) -> None:
+        self.model, self.__wrapped__ = model, model.forward  # forward.compile_state follows it
+        self.pending: list[tuple[Run, nn.Module | None, Timer]] = [(run, baseline, timer)]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.pending:
+            run, baseline, timer = self.pending.pop()  # calls while deciding run through
+            _decide(run, baseline, timer, args, kwargs)
+            if self.model.__dict__.get("forward") is self:  # nothing undone: step aside
+                self._step_aside()
+            # The forward the decision left: called directly, so the model's hooks fire
+            # once (nn.Module.__call__ already ran them around this one).
+            return self.model.forward(*args, **kwargs)
+        return self.__wrapped__(*args, **kwargs)
+
+    def _step_aside(self) -> None:
+        wrapped = self.__wrapped__
+        if getattr(wrapped, "__self__", None) is self.model and \
+                getattr(wrapped, "__func__", None) is type(self.model).forward:
+            del self.model.__dict__["forward"]  # it was the class's own forward
+        else:
+            self.model.__dict__["forward"] = wrapped
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _same, (self.__wrapped__,)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        # The class's forward bound to the model is copied bound to the model's copy.
+        return copy.deepcopy(self.__wrapped__, memo)
+
+
+def _same(forward: Any) -> Any:
+    return forward
+
+
+def _decide(run: Run, baseline: nn.Module | None, timer: Timer, args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> None:
+    result = run.result
+    if run.work.training:
+        result.notes.append("first call: not timed (the model was in training mode: a "
+                            "forward is not a training step); the prepared model is kept")
+        return
+    why = _not_replayable(args, kwargs)
+    if why is not None:
+        result.notes.append(f"first call: not timed (its input cannot be replayed: {why}); "
+                            "the prepared model is kept")
+        return
+    started = time.perf_counter()
+    saved_args, saved_kwargs = _copied(args, kwargs)
+
+    def replay(m: nn.Module) -> Any:  # a fresh copy each time: the model may change it
+        copied_args, copied_kwargs = _copied(saved_args, saved_kwargs)
+        return m(*copied_args, **copied_kwargs)
+    run.call = replay
+    try:
+        if baseline is not None:
+            with preserved_state(baseline):
+                baseline.eval()
+                run.reference = run.call(baseline)
+            run.have_reference = True
+            run.final_check()  # outside the level's tolerance: passes undone
+        keep_fastest(run, baseline, timer, on=ON)
+    except ModelOptimizationError:
+        if run.strict:
+            raise
+        logger.warning("prepare_model's first-call timing failed", exc_info=True)
+        result.notes.append("first call: the check or timing on its input failed (see the "
+                            "log); the model is kept as it was left")
+    except Exception as exc:  # the model's own error: the call itself raises it next
+        logger.warning("prepare_model's first-call timing failed: %s: %s",
+                       type(exc).__name__, exc)
+        result.notes.append(f"first call: not timed ({type(exc).__name__}: {exc})")
+    finally:
+        run.call = None  # the copied input is not kept
+        result.stage_seconds["first_call_timing"] = time.perf_counter() - started
+        # Undoing a pass puts back the model's attribute table as it was before it, without
+        # the report prepare_model attached afterwards.
+        attach_result(run.work, result)

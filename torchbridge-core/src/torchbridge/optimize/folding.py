@@ -81,18 +81,25 @@ def sequential_pairs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
 
 
 class _UseCounter(TorchFunctionMode):
-    """Counts, per tensor, the torch calls that read it outside a BatchNorm's own forward."""
+    """Counts, per convolution output, the torch calls that read it outside a BatchNorm's
+    own forward. Only tensors in `watched` (ids of conv outputs, which the trace keeps alive
+    from the moment they are made) are counted: an id is an address, and a temporary freed
+    earlier may have had the same one. Counting every tensor by id once charged such a
+    temporary's uses to a conv output now and then, so a pair went unfolded in one process
+    and folded in the next (a ResNet's compiled graph then differed between processes, and
+    the second missed the compile cache)."""
 
-    def __init__(self, inside_bn: Callable[[], bool]) -> None:
+    def __init__(self, inside_bn: Callable[[], bool], watched: set[int]) -> None:
         super().__init__()
         self.uses: dict[int, int] = {}
         self.inside_bn = inside_bn
+        self.watched = watched
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
         if not self.inside_bn() and getattr(func, "__name__", "") not in _METADATA:
             for leaf in trees.leaves((args, kwargs or {})):
-                if isinstance(leaf, torch.Tensor):
+                if isinstance(leaf, torch.Tensor) and id(leaf) in self.watched:
                     self.uses[id(leaf)] = self.uses.get(id(leaf), 0) + 1
         return func(*args, **(kwargs or {}))
 
@@ -105,9 +112,11 @@ def traced_pairs(model: nn.Module, call: Callable[[nn.Module], Any]
     outputs: dict[nn.Module, list[torch.Tensor]] = {}
     inputs: dict[nn.Module, list[torch.Tensor]] = {}
     active: list[nn.Module] = []
+    made: set[int] = set()  # conv outputs, each alive in `outputs` until the end
 
     def conv_done(module: nn.Module, args: Any, out: Any) -> None:
         outputs.setdefault(module, []).append(out)
+        made.add(id(out))
 
     def bn_starts(module: nn.Module, args: Any) -> None:
         inputs.setdefault(module, []).append(args[0])
@@ -119,7 +128,7 @@ def traced_pairs(model: nn.Module, call: Callable[[nn.Module], Any]
     handles = [conv.register_forward_hook(conv_done) for conv in convs]
     for bn in bns:
         handles += [bn.register_forward_pre_hook(bn_starts), bn.register_forward_hook(bn_done)]
-    counter = _UseCounter(lambda: bool(active))
+    counter = _UseCounter(lambda: bool(active), made)
     try:
         with counter:
             call(model)

@@ -184,12 +184,15 @@ class AccuracyGate:
         except ValueError as exc:
             return f"quantization {report.mode} rolled back: {exc}"
         report.cosine, report.argmax_agreement = cosine, agreement
-        failed = []
-        if not (math.isfinite(cosine) and cosine >= report.min_cosine):
-            failed.append(f"cosine {cosine:.4f} < {report.min_cosine:g}")
-        if agreement is not None and not agreement >= report.min_argmax_agreement:
-            failed.append(f"argmax agreement {agreement:.1%} < "
-                          f"{report.min_argmax_agreement:.0%}")
-        if failed:
-            return f"quantization {report.mode} rolled back: {', '.join(failed)}"
-        return None
+        cosine_ok = math.isfinite(cosine) and cosine >= report.min_cosine
+        agreement_ok = agreement is None or agreement >= report.min_argmax_agreement
+        if cosine_ok and agreement_ok:
+            return None
+        # Both figures, failed or not; the cosine with enough digits to show the gap to a
+        # threshold it rounds to (0.99996 is not "1.0000 < 1").
+        figures = [f"cosine {cosine:.6g}" + ("" if cosine_ok else
+                                             f" < {report.min_cosine:g}")]
+        if agreement is not None:
+            figures.append(f"argmax agreement {agreement:.1%}" + (
+                "" if agreement_ok else f" < {report.min_argmax_agreement:.0%}"))
+        return f"quantization {report.mode} rolled back: {', '.join(figures)}"

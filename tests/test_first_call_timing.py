@@ -248,11 +248,73 @@ def test_a_prepared_model_outside_tolerance_is_undone_at_the_first_call(
     torch.testing.assert_close(out, model(x), rtol=1e-6, atol=1e-6)
 
 
-def test_strict_raises_at_the_first_call_when_the_check_fails(
+def test_strict_raises_at_the_first_call_when_the_check_fails_and_undoes_all(
         backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from torchbridge.levels import LEVEL_TOLERANCE
     monkeypatch.setitem(LEVEL_TOLERANCE, "O3", 1e-9)
-    result = run_pipeline(backend, _mlp(), "O3", strict=True,
-                          timer=_timer(PREPARED_FASTEST))
+    model, x = _mlp(), torch.randn(4, 32)
+    result = run_pipeline(backend, model, "O3", strict=True, timer=_timer(PREPARED_FASTEST))
     with pytest.raises(ModelOptimizationError, match="no drop-in for O0"):
-        result.model(torch.randn(4, 32))
+        result.model(x)
+    # Not an unchecked prepared model for the calls after: every pass undone.
+    assert "forward" not in result.model.__dict__
+    torch.testing.assert_close(result.model(x), model(x), rtol=0, atol=0)
+
+
+def test_a_model_changed_after_prepare_model_is_not_timed(backend: Any) -> None:
+    # Undoing would restore the tensors the passes saw: the loaded weights would be lost.
+    seen: list[str] = []
+    model, x = _mlp(), torch.randn(4, 32)
+    result = run_pipeline(backend, model, "O2", timer=_timer(O0_FASTEST, seen))
+    trained = _mlp()
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(1.0)
+    result.model.load_state_dict(trained.state_dict())
+    out = result.model(x)
+    assert seen == []
+    assert any("changed since prepare_model" in n for n in result.notes), result.notes
+    torch.testing.assert_close(out, trained(x), rtol=0.05, atol=0.05)
+
+
+def test_the_caller_changing_o0_after_prepare_model_is_not_timed(backend: Any) -> None:
+    seen: list[str] = []
+    model = _mlp()
+    result = run_pipeline(backend, model, "O2", timer=_timer(O0_FASTEST, seen))
+    model.register_forward_hook(lambda *_: None)
+    result.model(torch.randn(4, 32))
+    assert seen == [] and "compile" in result.optimizations_applied
+
+
+def test_hooks_run_once_on_the_call_and_not_on_the_replays(backend: Any) -> None:
+    # A pre-hook the model had before prepare_model (both O0 and the copy have it) that
+    # changes its input: replaying through the model would apply it twice to the copy of
+    # arguments it already changed.
+    calls: list[int] = []
+    model = _mlp()
+
+    def double(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        calls.append(1)
+        return (args[0] * 2,)
+    model.register_forward_pre_hook(double)
+    result = run_pipeline(backend, model, "O3", timer=_timer(PREPARED_FASTEST))
+    calls.clear()
+    x = torch.randn(4, 32)
+    out = result.model(x)
+    assert calls == [1]
+    assert not any(p.status == "failed" for p in result.passes), result.summary()
+    assert "compile" in result.optimizations_applied
+    torch.testing.assert_close(out, model(x), rtol=0.05, atol=0.05)
+
+
+def test_a_meta_input_is_not_the_first_call_to_time_on(backend: Any) -> None:
+    from torchbridge.optimize.first_call import _not_replayable
+
+    seen: list[str] = []
+    result = run_pipeline(backend, _mlp(), "O2", timer=_timer(PREPARED_FASTEST, seen))
+    with pytest.raises(Exception):  # noqa: B017 (the model's own error, whatever it is)
+        result.model(torch.empty(4, 32, device="meta"))
+    assert seen == []
+    result.model(torch.randn(4, 32))  # the first real call is timed
+    assert set(seen) == {"O0", "prepared", "uncompiled"}
+    assert _not_replayable(({"a": [torch.ones(1), 2, None]},), {"b": "x"}) is None

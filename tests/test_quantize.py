@@ -324,6 +324,16 @@ def test_the_cosine_is_the_lowest_of_the_outputs() -> None:
     assert accuracy((big, small), (big, small))[0] == pytest.approx(1.0)
 
 
+def test_an_output_of_zeros_beside_others_does_not_fail_the_cosine() -> None:
+    # A zero-initialised head (or a loss of 0): no direction to compare; quantization
+    # noise alone gave it cosine 0.
+    logits = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    noise = torch.full((4, 3), 1e-9)
+    assert accuracy((logits, torch.zeros(4, 3)), (logits, noise))[0] == pytest.approx(1.0)
+    # Not when the quantized one is no longer small: that output was ruined.
+    assert accuracy((logits, torch.zeros(4, 3)), (logits, torch.ones(4, 3)))[0] == 0.0
+
+
 def test_a_nan_the_reference_does_not_have_fails_the_cosine() -> None:
     # max(-1, min(1, nan)) is 1.0 in Python: the gate once passed a NaN output as cosine 1.
     reference = torch.tensor([[1.0, 2.0], [3.0, 4.0]])

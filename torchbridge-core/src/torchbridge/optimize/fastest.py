@@ -61,7 +61,7 @@ def time_candidates(run: Run, baseline: nn.Module | None, timer: Timer) -> dict[
     if baseline is not None:
         candidates = {"O0": lambda: call(baseline), **candidates}
     state = compile_state(work)
-    if state is not None and state.error is None and _applied(run, COMPILE_PASS):
+    if state is not None and state.error is None and applied(run, COMPILE_PASS):
         def without_compile() -> Any:
             with uncompiled(state):
                 return call(work)
@@ -75,7 +75,7 @@ def time_candidates(run: Run, baseline: nn.Module | None, timer: Timer) -> dict[
                            inference_mode=False)
 
 
-def _applied(run: Run, name: str) -> bool:
+def applied(run: Run, name: str) -> bool:
     return any(entry.p.name == name and entry.effective for entry in run.applied)
 
 

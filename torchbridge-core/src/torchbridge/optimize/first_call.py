@@ -13,8 +13,11 @@ device, so that nothing is copied for it. Otherwise (inplace=True, a model place
 prepare_model) the prepared model is timed against itself uncompiled only.
 
 The first call's input is replayed: the candidates, the final check against O0 and the
-timing each run on a copy of it (its tensors cloned), under no_grad, leaving the models'
-buffers and the RNG as they were; then the call itself runs once on the model kept. Only
+timing each run on a copy of it (its tensors cloned), through the models' forward (their
+hooks ran on the call itself), under no_grad, leaving the models' buffers and the RNG as
+they were; then the call itself runs once on the model kept. A model changed since
+prepare_model (a load_state_dict, a hook) is not timed: undoing would put back what the
+passes saw. Only
 inputs of tensors and plain values in tuples, lists and dicts are replayed: an object
 such as a Hugging Face KV cache (generate() passes one) may change at every call, so such
 a first call is not timed and the report says so, as it says for a first call in
@@ -30,13 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils import _pytree as pytree
 
 from torchbridge.errors import ModelOptimizationError
-from torchbridge.optimize.fastest import COMPILE_PASS, keep_fastest
+from torchbridge.optimize.fastest import COMPILE_PASS, applied, keep_fastest
 from torchbridge.optimize.forward import compile_state
-from torchbridge.optimize.measure import Timer, preserved_state
+from torchbridge.optimize.measure import Timer
 from torchbridge.optimize.report import attach_result
+from torchbridge.optimize.run import run_sample
 
 if TYPE_CHECKING:
     from torchbridge.optimize.run import Run
@@ -49,20 +54,26 @@ ON = "the first call's input"
 
 
 def _not_replayable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """Why the call's input cannot be replayed (a container or value other than tensors
-    and plain values in tuples, lists and dicts), or None."""
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    specs = [spec]
-    while specs:
-        node = specs.pop()
-        if not node.is_leaf():
-            if node.type not in _CONTAINERS:
-                return f"it holds a {node.type.__name__}"
-            specs.extend(node.children())
-    for leaf in leaves:
+    """Why the call's input cannot be replayed (anything but tensors and plain values in
+    tuples, lists and dicts), or None."""
+    for leaf in _leaves(args, kwargs):
         if not isinstance(leaf, (torch.Tensor, *_PLAIN)):
             return f"it holds a {type(leaf).__name__}"
     return None
+
+
+def _unreal(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the call passes fake or meta tensors (a trace, an export, a shape probe):
+    not the first call to time on."""
+    return any(isinstance(leaf, torch.Tensor) and (leaf.device.type == "meta"
+                                                   or is_fake(leaf))
+               for leaf in _leaves(args, kwargs))
+
+
+def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    # Only Python's own containers are looked into: any other object is a leaf here.
+    return pytree.tree_leaves((args, kwargs),
+                              is_leaf=lambda node: type(node) not in _CONTAINERS)
 
 
 def _copied(args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -75,11 +86,34 @@ def _copied(args: tuple[Any, ...], kwargs: dict[str, Any]
     return copied
 
 
-def _candidates_left(run: Run, baseline: nn.Module | None) -> bool:
+def _compiled(run: Run) -> bool:
     state = compile_state(run.work)
-    compiled = state is not None and state.error is None and any(
-        entry.p.name == COMPILE_PASS and entry.effective for entry in run.applied)
-    return baseline is not None or compiled
+    return state is not None and state.error is None and applied(run, COMPILE_PASS)
+
+
+def _fingerprint(model: nn.Module) -> list[Any]:
+    """What a caller may change on a model between prepare_model and its first call: each
+    tensor (object, storage, version counter, requires_grad; load_state_dict bumps the
+    version) and each module's attribute, hook and submodule tables by identity. Cheap:
+    no values are read."""
+    found: list[Any] = []
+    for _, module in model.named_modules(remove_duplicate=True):
+        # Not the training flag (a first call in training mode says so itself), nor the
+        # report prepare_model attaches after this is taken.
+        found.append((id(module), type(module),
+                      {k: id(v) for k, v in module.__dict__.items()
+                       if k != "training" and not k.startswith("_torchbridge_")}))
+        for table in ("_parameters", "_buffers", "_modules", "_forward_hooks",
+                      "_forward_pre_hooks"):
+            found.append({k: id(v) for k, v in module.__dict__.get(table, {}).items()})
+        for t in [*module._parameters.values(), *module._buffers.values()]:
+            if t is not None:
+                try:
+                    where = t.untyped_storage().data_ptr()
+                except (RuntimeError, NotImplementedError):  # no storage (lazy, subclass)
+                    where = None
+                found.append((id(t), where, t._version, t.requires_grad, t.dtype, t.device))
+    return found
 
 
 def install_first_call_timing(run: Run, baseline: nn.Module | None, timer: Timer) -> None:
@@ -91,14 +125,18 @@ def install_first_call_timing(run: Run, baseline: nn.Module | None, timer: Timer
         run.result.notes.append("no sample input, and a pass replaced the model object: "
                                 "the first call is not timed")
         return
-    if not _candidates_left(run, baseline):
+    against = [*(["O0"] if baseline is not None else []),
+               *(["itself uncompiled"] if _compiled(run) else [])]
+    if not against:
         return  # nothing to time against: the prepared model is all there is
     run.result.notes.append(
         "no sample input: the first call in eval mode times the prepared model on its "
-        "own input against " + ("O0 and " if baseline is not None else "")
-        + "itself uncompiled, and keeps the fastest (until then, what undoes the passes "
-        "is kept)")
-    model.forward = _FirstCallTiming(model, run, baseline, timer)  # type: ignore[method-assign]
+        f"own input against {' and '.join(against)}, and keeps the fastest (until then, "
+        "what undoes the passes is kept" + (", and the model as given, as O0)"
+                                            if baseline is not None else ")"))
+    timing = _FirstCallTiming(model, run, baseline, timer)
+    model.forward = timing  # type: ignore[method-assign]
+    timing.fingerprints = [_fingerprint(m) for m in (model, baseline) if m is not None]
 
 
 class _FirstCallTiming:
@@ -111,11 +149,25 @@ class _FirstCallTiming:
                  timer: Timer) -> None:
         self.model, self.__wrapped__ = model, model.forward  # forward.compile_state follows it
         self.pending: list[tuple[Run, nn.Module | None, Timer]] = [(run, baseline, timer)]
+        self.fingerprints: list[list[Any]] = []  # the models as prepare_model left them
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.pending:
+        # Not while a trace, an export or a compile calls the model, nor on fake or meta
+        # tensors: timings and replays would mean nothing there (and a jit trace would
+        # record them).
+        if self.pending and not (torch.compiler.is_compiling()
+                                 or torch._C._get_tracing_state() is not None
+                                 or _unreal(args, kwargs)):
             run, baseline, timer = self.pending.pop()  # calls while deciding run through
-            _decide(run, baseline, timer, args, kwargs)
+            models = [m for m in (self.model, baseline) if m is not None]
+            if [_fingerprint(m) for m in models] != self.fingerprints:
+                # Undoing restores the tensors and tables the passes saw: it would throw
+                # away a load_state_dict, a hook or a move made since.
+                run.result.notes.append("first call: not timed (the model, or the model "
+                                        "given as O0, changed since prepare_model); the "
+                                        "prepared model is kept")
+            else:
+                _decide(run, baseline, timer, args, kwargs)
             if self.model.__dict__.get("forward") is self:  # nothing undone: step aside
                 self._step_aside()
             # The forward the decision left: called directly, so the model's hooks fire
@@ -150,28 +202,36 @@ def _decide(run: Run, baseline: nn.Module | None, timer: Timer, args: tuple[Any,
         result.notes.append("first call: not timed (the model was in training mode: a "
                             "forward is not a training step); the prepared model is kept")
         return
-    why = _not_replayable(args, kwargs)
-    if why is not None:
-        result.notes.append(f"first call: not timed (its input cannot be replayed: {why}); "
-                            "the prepared model is kept")
-        return
     started = time.perf_counter()
-    saved_args, saved_kwargs = _copied(args, kwargs)
-
-    def replay(m: nn.Module) -> Any:  # a fresh copy each time: the model may change it
-        copied_args, copied_kwargs = _copied(saved_args, saved_kwargs)
-        return m(*copied_args, **copied_kwargs)
-    run.call = replay
     try:
+        why = _not_replayable(args, kwargs)
+        if why is not None:
+            result.notes.append(f"first call: not timed (its input cannot be replayed: "
+                                f"{why}); the prepared model is kept")
+            return
+        saved_args, saved_kwargs = _copied(args, kwargs)
+
+        # A fresh copy each time (the model may change its input), through forward: the
+        # call itself already ran the model's hooks on these arguments.
+        def replay(m: nn.Module) -> Any:
+            copied_args, copied_kwargs = _copied(saved_args, saved_kwargs)
+            return m.forward(*copied_args, **copied_kwargs)
+        run.call = replay
         if baseline is not None:
-            with preserved_state(baseline):
-                baseline.eval()
-                run.reference = run.call(baseline)
+            run.reference = run_sample(baseline, replay)
             run.have_reference = True
             run.final_check()  # outside the level's tolerance: passes undone
-        keep_fastest(run, baseline, timer, on=ON)
+            keep_fastest(run, baseline, timer, on=ON)
+        else:
+            # No O0: nothing to measure drift against; the report keeps "not measured".
+            keep_fastest(run, None, timer, on=ON)
+            result.max_abs_diff = result.max_rel_diff = None
     except ModelOptimizationError:
         if run.strict:
+            leftover = run.undo_all()  # the model as given, not an unchecked prepared one
+            result.notes.append("first call: the prepared model failed its check on the "
+                                "call's input (strict): every pass undone"
+                                + (f", except: {leftover}" if leftover else ""))
             raise
         logger.warning("prepare_model's first-call timing failed", exc_info=True)
         result.notes.append("first call: the check or timing on its input failed (see the "

@@ -179,20 +179,25 @@ def _quantized(module: nn.Module) -> bool:
     return isinstance(getattr(module, "weight", None), TorchAOBaseTensor)
 
 
-def _quantize_each(linears: list[tuple[str, nn.Linear]], config: Any
-                   ) -> tuple[list[str], list[str]]:
+def _quantize_each(linears: list[tuple[str, nn.Linear]], config: Any,
+                   weight_dtype: torch.dtype | None = None) -> tuple[list[str], list[str]]:
     """quantize_ one Linear at a time, each then called on a one-row input: a layer that
     torchao refuses (it raised on an nn.Linear(1, 16)) or whose forward its weight tensor
     cannot serve (a subclass computing `x @ self.weight.T`: no permute for Int8Tensor)
     keeps its float weight, instead of the whole model losing quantization over one
-    layer. Returns the quantized layers' names, and the others' with the error."""
+    layer. `weight_dtype`: the float dtype torchao takes the weights in (int4: bf16),
+    set on each layer first, and put back on a refused one. Returns the quantized layers'
+    names, and the others' with the error."""
     from torchao.quantization import quantize_
 
     done: list[str] = []
     refused: list[str] = []
     for name, m in linears:
-        weight = m.weight
+        weight, values = m.weight, m.weight.data
         try:
+            if weight_dtype is not None and weight.dtype not in (torch.bfloat16,
+                                                                   torch.float16):
+                weight.data = values.to(weight_dtype)
             quantize_(m, config)
             if _quantized(m):
                 with torch.no_grad():  # forward, not the module: its hooks see no probe
@@ -200,7 +205,8 @@ def _quantize_each(linears: list[tuple[str, nn.Linear]], config: Any
                                           device=weight.device))
                 done.append(name)
         except Exception as exc:
-            # The Parameter object it had, registered again.
+            # The Parameter object it had, with its values, registered again.
+            weight.data = values
             m.register_parameter("weight", cast(nn.Parameter, weight))
             refused.append(f"{name or type(m).__name__} ({type(exc).__name__}: "
                            f"{str(exc)[:120]})")
@@ -212,14 +218,12 @@ def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Modu
     assert mode is not None
     config = _torchao_config(mode, ctx)
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    if mode == "int4_weight_only":  # its kernels take bf16 weights (and cast activations)
-        for _, m in linears:
-            if m.weight.dtype not in (torch.bfloat16, torch.float16):
-                m.weight.data = m.weight.data.to(torch.bfloat16)
     tied = {id(p) for m in model.modules() if not isinstance(m, nn.Linear)
             for p in m.parameters(recurse=False)}
     untied = [name for name, m in linears if id(m.weight) in tied]
-    done, refused = _quantize_each(linears, config)
+    # int4's kernels take bf16 weights (and cast activations).
+    done, refused = _quantize_each(
+        linears, config, torch.bfloat16 if mode == "int4_weight_only" else None)
     if not done:
         raise PassSkipped(f"{mode}: torchao quantized none of the {len(linears)} nn.Linear "
                           "layers (shapes it does not take, or Linears it leaves alone)"

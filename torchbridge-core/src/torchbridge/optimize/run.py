@@ -46,7 +46,7 @@ def skip_reason(p: OptimizationPass, plugin: str, model: nn.Module, ctx: PassCon
     return reason
 
 
-def _run_sample(model: nn.Module, call: Callable[[nn.Module], Any]) -> Any:
+def run_sample(model: nn.Module, call: Callable[[nn.Module], Any]) -> Any:
     """The model's output on the sample input, in eval mode (no dropout, BatchNorm on its
     running statistics: comparable between runs), leaving no trace on the model or the
     global RNG."""
@@ -65,7 +65,7 @@ def _verify(model: nn.Module, call: Callable[[nn.Module], Any], reference: Any,
     _Unverified when its output is no drop-in for the reference: beyond the level's
     tolerance, or, once a pass with its own `output_check` (quantization) has been
     applied, failing that check."""
-    out = _run_sample(model, call)
+    out = run_sample(model, call)
     state = compile_state(model)
     if state is not None and state.error is not None:
         raise _Unverified(f"the compiled model failed on the sample input: "
@@ -152,7 +152,7 @@ class Run:
             # O0's output: the model as given, placed on the device.
             try:
                 started = time.perf_counter()
-                self.reference = _run_sample(self.work, self.call)
+                self.reference = run_sample(self.work, self.call)
                 self.result.stage_seconds["reference"] = time.perf_counter() - started
             except Exception as exc:
                 raise ModelOptimizationError(
@@ -297,7 +297,7 @@ class Run:
         if self.call is None:
             return
         if not self.have_reference:  # no pass after placement: the model is O0's
-            self.reference = _run_sample(self.work, self.call)
+            self.reference = run_sample(self.work, self.call)
             self.have_reference = True
         while True:
             try:

@@ -2,9 +2,10 @@
 the first call's own input, as they would have on a sample input, and keep the fastest.
 
 Without it, nothing held "never slower than eager" for such a run: a small MLP at O3 with
-no sample input (bf16 autocast and weights, compiled) measured 108 us a call against 26 us
-eager on the 2-core AMD EPYC (batch 1, width 64): compiling and casting cost more than a
-model that small computes.
+no sample input (bf16 autocast and weights, compiled) ran at 0.23x eager on the 2-core
+AMD EPYC (batch 1, width 64: 142.7 us a call against 32.4 us;
+benchmarks/no_sample_first_call.py): compiling and casting cost more than a model that
+small computes.
 
 Until that first call the run is kept (the snapshots that undo its passes: one copy of the
 model's tensors) and O0 is the caller's own model, which prepare_model did not change: it

@@ -6,37 +6,20 @@ here depends on how fast this machine is."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torchbridge
+from test_keep_fastest import _mlp, _timer
 from torchbridge.config import TorchBridgeConfig
 from torchbridge.errors import ModelOptimizationError
 from torchbridge.optimize.forward import compile_state
 from torchbridge.optimize.pipeline import run_pipeline
 
-
-def _timer(costs: dict[str, float], seen: list[str] | None = None
-           ) -> Callable[[str, Callable[[], Any]], float]:
-    def time_call(label: str, fn: Callable[[], Any]) -> float:
-        fn()  # the candidate still runs: the decision is the only thing faked
-        if seen is not None:
-            seen.append(label)
-        return costs[label]
-    return time_call
-
-
 O0_FASTEST = {"O0": 1.0, "prepared": 3.0, "uncompiled": 2.0}
 UNCOMPILED_FASTEST = {"O0": 3.0, "prepared": 2.0, "uncompiled": 1.0}
 PREPARED_FASTEST = {"O0": 3.0, "prepared": 1.0, "uncompiled": 2.0}
-
-
-def _mlp() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                               torch.nn.Linear(64, 8)).eval()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from torchbridge.optimize.forward import compile_state, uncompiled
+from torchbridge.optimize.forward import CompileState, compile_state, uncompiled
 from torchbridge.optimize.measure import Timer, preserved_state, round_robin, wall_timer
 from torchbridge.optimize.report import PassRecord
 
@@ -60,8 +60,8 @@ def time_candidates(run: Run, baseline: nn.Module | None, timer: Timer) -> dict[
     candidates: dict[str, Callable[[], Any]] = {"prepared": lambda: call(work)}
     if baseline is not None:
         candidates = {"O0": lambda: call(baseline), **candidates}
-    state = compile_state(work)
-    if state is not None and state.error is None and applied(run, COMPILE_PASS):
+    state = running_compiled(run)
+    if state is not None:
         def without_compile() -> Any:
             with uncompiled(state):
                 return call(work)
@@ -75,8 +75,17 @@ def time_candidates(run: Run, baseline: nn.Module | None, timer: Timer) -> dict[
                            inference_mode=False)
 
 
-def applied(run: Run, name: str) -> bool:
+def _applied(run: Run, name: str) -> bool:
     return any(entry.p.name == name and entry.effective for entry in run.applied)
+
+
+def running_compiled(run: Run) -> CompileState | None:
+    """The compile state of the run's model when it runs compiled (the compile pass applied
+    and its forward not failed), so that "uncompiled" is a candidate; else None."""
+    state = compile_state(run.work)
+    if state is not None and state.error is None and _applied(run, COMPILE_PASS):
+        return state
+    return None
 
 
 def keep_fastest(run: Run, baseline: nn.Module | None, timer: Timer, decide: bool = True,

@@ -18,11 +18,10 @@ timing each run on a copy of it (its tensors cloned), through the models' forwar
 hooks ran on the call itself), under no_grad, leaving the models' buffers and the RNG as
 they were; then the call itself runs once on the model kept. A model changed since
 prepare_model (a load_state_dict, a hook) is not timed: undoing would put back what the
-passes saw. Only
-inputs of tensors and plain values in tuples, lists and dicts are replayed: an object
-such as a Hugging Face KV cache (generate() passes one) may change at every call, so such
-a first call is not timed and the report says so, as it says for a first call in
-training mode.
+passes saw. Only inputs of tensors and plain values in tuples, lists and dicts are
+replayed: an object such as a Hugging Face KV cache (generate() passes one) may change at
+every call, so such a first call is not timed and the report says so, as it says for a
+first call in training mode.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.utils import _pytree as pytree
 
 from torchbridge.errors import ModelOptimizationError
-from torchbridge.optimize.fastest import COMPILE_PASS, applied, keep_fastest
-from torchbridge.optimize.forward import compile_state
+from torchbridge.optimize.fastest import keep_fastest, running_compiled
 from torchbridge.optimize.measure import Timer
 from torchbridge.optimize.report import attach_result
 from torchbridge.optimize.run import run_sample
@@ -87,11 +85,6 @@ def _copied(args: tuple[Any, ...], kwargs: dict[str, Any]
     return copied
 
 
-def _compiled(run: Run) -> bool:
-    state = compile_state(run.work)
-    return state is not None and state.error is None and applied(run, COMPILE_PASS)
-
-
 def _fingerprint(model: nn.Module) -> list[Any]:
     """What a caller may change on a model between prepare_model and its first call: each
     tensor (object, storage, version counter, requires_grad; load_state_dict bumps the
@@ -127,7 +120,7 @@ def install_first_call_timing(run: Run, baseline: nn.Module | None, timer: Timer
                                 "the first call is not timed")
         return
     against = [*(["O0"] if baseline is not None else []),
-               *(["itself uncompiled"] if _compiled(run) else [])]
+               *(["itself uncompiled"] if running_compiled(run) is not None else [])]
     if not against:
         return  # nothing to time against: the prepared model is all there is
     run.result.notes.append(
@@ -210,12 +203,11 @@ def _decide(run: Run, baseline: nn.Module | None, timer: Timer, args: tuple[Any,
             result.notes.append(f"first call: not timed (its input cannot be replayed: "
                                 f"{why}); the prepared model is kept")
             return
-        saved_args, saved_kwargs = _copied(args, kwargs)
-
-        # A fresh copy each time (the model may change its input), through forward: the
-        # call itself already ran the model's hooks on these arguments.
+        # A fresh copy each time (the model may change its input; the call itself runs on
+        # the caller's own after the replays), through forward: the call already ran the
+        # model's hooks on these arguments.
         def replay(m: nn.Module) -> Any:
-            copied_args, copied_kwargs = _copied(saved_args, saved_kwargs)
+            copied_args, copied_kwargs = _copied(args, kwargs)
             return m.forward(*copied_args, **copied_kwargs)
         run.call = replay
         if baseline is not None:

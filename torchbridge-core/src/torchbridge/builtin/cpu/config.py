@@ -25,3 +25,7 @@ class CPUConfig(ConfigSection):
     bf16_matmul_attention: bool = Field(
         default=False, description="offer cpu_bf16_matmul_attention (bf16 matmuls, float32 "
         "softmax, fused by compile) to the kernel_substitution pass for bf16 attention")
+    heap_reuse: bool = Field(
+        default=True, description="at O2+, when the prepared model's calls on the sample "
+        "input page-fault, set glibc's malloc thresholds so that freed buffers are reused "
+        "(process-wide; backend.empty_cache() gives the kept memory back)")

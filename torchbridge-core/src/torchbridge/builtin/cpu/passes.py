@@ -6,6 +6,7 @@ the faster, optimize/fastest.py.)
 | --- | --- | --- |
 | inference_freezing | O3 | eval mode, compile not skipped: inductor freezing, without |
 |  |  | oneDNN weight prepacking |
+| heap_reuse | O2 | eval mode, a sample input, glibc's malloc: its calls page-fault (heap.py) |
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from torchbridge.builtin.cpu import heap
 from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize.core_passes import compile_ahead, compiled_with
 from torchbridge.optimize.passes import OptimizationPass, PassContext
@@ -50,6 +52,15 @@ def _freeze(model: nn.Module, ctx: PassContext) -> nn.Module:
     return model
 
 
+def _heap_check(model: nn.Module, ctx: PassContext) -> str | None:
+    cpu_config: Any = getattr(ctx.config.hardware, "cpu", None)
+    if cpu_config is not None and not cpu_config.heap_reuse:
+        return "config hardware.cpu.heap_reuse is off"
+    if ctx.sample_input is None:
+        return "no sample input to count the page faults of a call on"
+    return None if heap.glibc() is not None else "this process's malloc is not glibc's"
+
+
 def cpu_passes(backend: Backend) -> list[OptimizationPass]:
     passes = [
         OptimizationPass("inference_freezing", FREEZING_DESCRIPTION, OptimizationLevel.O3,
@@ -60,4 +71,9 @@ def cpu_passes(backend: Backend) -> list[OptimizationPass]:
     if cpu_config is not None and not cpu_config.allow_bf16:
         passes.append(OptimizationPass.veto("autocast", "config hardware.cpu.allow_bf16 "
                                             "is off"))
+    passes.append(OptimizationPass(
+        "heap_reuse", "glibc's malloc keeps freed buffers for the next call (the page "
+        "faults per call before and after: the report's notes)", OptimizationLevel.O2,
+        heap.reuse_heap, _heap_check, mode="inference", order=90, mutates=False,
+        settings=heap.SETTINGS))
     return passes

@@ -46,6 +46,15 @@ def prepared_times_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
                         lambda synchronize: _prepared_is_fastest)
 
 
+@pytest.fixture(autouse=True)
+def heap_reuse_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU backend's heap_reuse pass sets glibc's malloc for the whole process, for
+    good: the test process keeps glibc's defaults (the pass would skip, saying so).
+    tests/test_heap_reuse.py tests it through its seams and, for real, in a subprocess."""
+    monkeypatch.setattr("torchbridge.builtin.cpu.heap.why_not",
+                        lambda: "off in the tests (tests/conftest.py)")
+
+
 @pytest.fixture
 def reload_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """For tests that change plugin loading (env lists, entry points): undo the patches,

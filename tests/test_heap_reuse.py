@@ -17,6 +17,8 @@ import torchbridge
 from torchbridge import TorchBridgeConfig
 from torchbridge.builtin.cpu import heap
 
+_real_why_not = heap.why_not  # before conftest's heap_reuse_off replaces it
+
 
 class FakeHeap:
     """glibc as the pass sees it: each call of the model takes `fresh` pages after a
@@ -59,14 +61,16 @@ class FakeHeap:
 
 
 def _prepare(fake: FakeHeap | None, monkeypatch: pytest.MonkeyPatch,
-             config: TorchBridgeConfig | None = None, sample: bool = True
-             ) -> torchbridge.OptimizationResult:
+             config: TorchBridgeConfig | None = None, sample: bool = True,
+             fresh_process: bool = True) -> torchbridge.OptimizationResult:
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
     if fake is not None:
         model.register_forward_hook(fake.model_called)
         monkeypatch.setattr(heap, "glibc", lambda: fake)
+        monkeypatch.setattr(heap, "why_not", lambda: None)
         monkeypatch.setattr(heap, "minor_faults", fake.count)
-    monkeypatch.setattr(heap, "_set", {})  # this process's real malloc is not touched
+    if fresh_process:
+        monkeypatch.setattr(heap, "_set", {})  # this process's real malloc is not touched
     config = config or TorchBridgeConfig(optimization={"disabled_passes": ["compile"]})
     return torchbridge.get_backend("cpu", config).optimize(
         model, "O2", sample_input=torch.randn(8, 16) if sample else None)
@@ -92,8 +96,9 @@ def test_a_model_whose_calls_fault_gets_the_thresholds_and_the_figures(
     assert changed["glibc malloc M_MMAP_THRESHOLD"].before == "glibc's default"
     assert changed["glibc malloc M_MMAP_THRESHOLD"].scope == "process"
     assert "glibc malloc M_MMAP_MAX" not in changed
-    # Asked to put it back, it stays as set (the note says so), and nothing raises.
-    assert result.restore_process_settings() == []
+    # Asked to put them back, the thresholds stay as set, and restoring says so.
+    problems = result.restore_process_settings()
+    assert len(problems) == 2 and all("stays set" in p for p in problems), problems
     assert heap.MMAP_THRESHOLD.read() == heap.MMAP_THRESHOLD_MAX
 
 
@@ -103,8 +108,23 @@ def test_buffers_over_the_largest_mmap_threshold_turn_mmap_off(
     result = _prepare(fake, monkeypatch)
     assert fake.params()[heap.M_MMAP_MAX] == 0
     note = next(n for n in result.notes if n.startswith("heap_reuse:"))
-    assert "no mmap" in note and "36000 -> 0" in note
+    assert "(mmap off)" in note and "36000 -> 0" in note
     assert {c.name for c in result.process_settings} >= {"glibc malloc M_MMAP_MAX"}
+
+
+def test_a_second_model_never_lowers_what_the_first_needs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    first = FakeHeap(fresh=30_000, returned=8_000)
+    _prepare(first, monkeypatch)
+    needed = heap._set["M_TRIM_THRESHOLD"]
+    assert needed == 2 * 30_000 * heap.PAGE
+    second = FakeHeap(fresh=10_000, returned=0)
+    result = _prepare(second, monkeypatch, fresh_process=False)
+    assert heap._set["M_TRIM_THRESHOLD"] == needed and second.calls == []
+    record = _record(result)
+    assert record.status == "skipped"
+    assert record.detail.startswith("glibc's malloc is set already (by an earlier "
+                                    "prepare_model in this process: M_MMAP_THRESHOLD = ")
 
 
 def test_a_call_with_few_fresh_pages_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,6 +150,7 @@ def test_skipped_with_the_reason(why: str, expected: str,
                                    optimization={"disabled_passes": ["compile"]})
     if why == "not glibc":
         monkeypatch.setattr(heap, "glibc", lambda: None)
+        monkeypatch.setattr(heap, "why_not", _real_why_not)
         result = _prepare(None, monkeypatch)
     else:
         result = _prepare(fake, monkeypatch, config, sample=why != "no sample")
@@ -175,7 +196,7 @@ _REAL = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(heap.glibc() is None, reason="needs glibc's malloc")
+@pytest.mark.skipif(heap.why_not() is not None, reason=f"heap_reuse: {heap.why_not()}")
 def test_with_glibc_repeated_calls_stop_faulting() -> None:
     out = subprocess.run([sys.executable, "-c", _REAL], capture_output=True, text=True,
                          timeout=300, check=True)
@@ -186,7 +207,7 @@ def test_with_glibc_repeated_calls_stop_faulting() -> None:
     assert got["status"]["heap_reuse"] in ("applied", "skipped"), got
     note = next(n for n in got["notes"] if n.startswith("heap_reuse:"))
     assert "takes 40.0 MiB of fresh pages (1024" in note, note  # 10240 and a page or two
-    assert "every buffer from its heap (no mmap)" in note, note
+    assert "serves every buffer (mmap off) from its heap" in note, note
     assert got["before"] >= 10240, got  # the 40 MiB faulted in again every call
     assert got["after"] < 64, got
 

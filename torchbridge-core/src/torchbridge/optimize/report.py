@@ -62,7 +62,7 @@ class OptimizationResult:
         """Put back the process-wide settings this run left changed (scope "process"); the
         prepared model may then run slower or differently. Returns what could not be put
         back, with why (e.g. XLA's compilation cache, which a process sets once)."""
-        from torchbridge.optimize.settings import put
+        from torchbridge.optimize.settings import differs, put, read
 
         problems = []
         for change in self.process_settings:
@@ -72,6 +72,12 @@ class OptimizationResult:
                 put(change.setting, change.before)
             except Exception as exc:
                 problems.append(f"{change.name}: {exc}")
+                continue
+            # Read back: a setting may take the call and stay as it is (glibc's malloc
+            # thresholds, which have no way back to their dynamic default).
+            if differs(change.before, now := read(change.setting)):
+                problems.append(f"{change.name}: still {now!r} "
+                                f"({change.why_process or 'it could not be put back'})")
         return problems
 
     def _named(self, status: str) -> list[PassRecord]:

@@ -1,7 +1,7 @@
 """glibc's malloc and the page faults of a model's large per-call buffers.
 
 torch's CPU allocator is malloc. glibc serves a request above its mmap threshold (128 KiB
-at first, raised to the largest such buffer freed, at most 32 MiB) with a fresh mmap, and
+at first, raised to the largest such buffer freed, below 32 MiB) with a fresh mmap, and
 gives the top of its heap back to the OS when more than its trim threshold (twice the mmap
 threshold) lies free there. A model whose call allocates and frees tens of MiB (logits,
 an int8 matmul's int32 result) then gets fresh pages every call, and the kernel zeroes
@@ -23,8 +23,10 @@ from __future__ import annotations
 import ctypes
 import logging
 import mmap
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -38,16 +40,25 @@ _MIB = 1 << 20
 PAGE = mmap.PAGESIZE
 # mallopt's parameters (malloc.h).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
-# The largest mmap threshold glibc takes on a 64-bit system (HEAP_MAX_SIZE / 2).
-MMAP_THRESHOLD_MAX = 32 * _MIB
+# The largest mmap threshold glibc takes (HEAP_MAX_SIZE / 2: 32 MiB on 64-bit systems),
+# and its default M_MMAP_MAX; mallopt takes a C int.
+MMAP_THRESHOLD_MAX = 4 * _MIB * ctypes.sizeof(ctypes.c_long)
+MMAP_MAX_DEFAULT = 65536
+_INT_MAX = 2**31 - 1
 # A call that takes fewer fresh pages than this is not worth keeping memory for: a page
 # fault with its zeroing costs about a microsecond (8160 faults, 8.6 ms above), so 4 MiB
 # (1024 pages) is about a millisecond at worst.
 MIN_FRESH_BYTES = 4 * _MIB
-# The trim threshold keeps at least this much, and twice what one call takes: freed
-# memory beyond it goes back to the OS as before.
+# The trim threshold keeps at least this much free at the top of the heap, and twice what
+# one call takes; more than that goes back to the OS. (With mmap off, large buffers too
+# come from the heap and go back only from its top.)
 MIN_TRIM_BYTES = 64 * _MIB
 CALLS_WARMUP, CALLS_COUNTED = 2, 3
+# Environment variables that tune glibc's malloc: a process started with one keeps its
+# own settings.
+_TUNING = ("GLIBC_TUNABLES", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
+           "MALLOC_MMAP_MAX_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
+_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 # What this process's malloc was set to through this module (glibc has no call to read a
 # threshold back): parameter name -> value.
@@ -70,9 +81,29 @@ def glibc() -> Any:
         libc.gnu_get_libc_version  # noqa: B018 (glibc's own symbol: not musl)
         if _address(process.malloc) != _address(libc.malloc):
             return None
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.mallopt.restype = ctypes.c_int
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.malloc_trim.restype = ctypes.c_int
     except (OSError, AttributeError):
         return None
     return libc
+
+
+def why_not() -> str | None:
+    """Why the pass cannot count or set this process's malloc; None when it can."""
+    if glibc() is None:
+        return "this process's malloc is not glibc's"
+    tuned = [name for name in _TUNING if name in os.environ]
+    if tuned:
+        return f"glibc's malloc is tuned by the environment ({', '.join(tuned)})"
+    try:
+        if "[always]" in _THP.read_text():
+            return "transparent huge pages are 'always': a page fault may map 2 MiB, so " \
+                   "faults do not count the pages a call takes"
+    except OSError:
+        pass
+    return None
 
 
 def minor_faults() -> int:
@@ -82,32 +113,37 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _setting(name: str) -> ProcessSetting:
-    def stays(value: Any) -> None:
+def _setting(name: str, default: int | None) -> ProcessSetting:
+    def put_back(value: Any) -> None:
         # Asked to put it back (prepare_model undoing its passes, or
-        # restore_process_settings): glibc cannot return to its dynamic default, and its
-        # starting values (128 KiB, fixed) would make every larger buffer a fresh mmap. It
-        # stays as set, which the pass's note in the report says.
-        if value != _set.get(name, _DEFAULT):
+        # restore_process_settings): M_MMAP_MAX has a fixed default; the thresholds'
+        # default is dynamic, which glibc has no call to return to, and its starting
+        # value (128 KiB, fixed) would make every larger buffer a fresh mmap. A threshold
+        # stays as set (the pass's note says so, and restore_process_settings, reading it
+        # back, reports it).
+        if value != _DEFAULT or name not in _set:
+            return
+        if default is None:
             logger.info("glibc malloc %s stays %s: glibc has no call that puts its "
-                        "dynamic default back", name, _set.get(name))
+                        "dynamic default back", name, _set[name])
+            return
+        libc = glibc()
+        if libc is not None and libc.mallopt(_PARAMS[name], default):
+            del _set[name]
 
-    return ProcessSetting(
-        f"glibc malloc {name}", lambda: _set.get(name, _DEFAULT), stays, scope="process",
-        why_process="glibc's malloc applies it to every allocation of the process; it has no "
-        "call that puts its dynamic default back, so it stays set")
+    why = "glibc's malloc applies it to every allocation of the process" + (
+        "" if default is not None else "; it has no call that puts its dynamic default "
+        "back, so it stays set")
+    return ProcessSetting(f"glibc malloc {name}", lambda: _set.get(name, _DEFAULT), put_back,
+                          scope="process", why_process=why)
 
 
-MMAP_THRESHOLD = _setting("M_MMAP_THRESHOLD")
-TRIM_THRESHOLD = _setting("M_TRIM_THRESHOLD")
-MMAP_MAX = _setting("M_MMAP_MAX")
+_PARAMS = {"M_TRIM_THRESHOLD": M_TRIM_THRESHOLD, "M_MMAP_THRESHOLD": M_MMAP_THRESHOLD,
+           "M_MMAP_MAX": M_MMAP_MAX}
+MMAP_THRESHOLD = _setting("M_MMAP_THRESHOLD", None)
+TRIM_THRESHOLD = _setting("M_TRIM_THRESHOLD", None)
+MMAP_MAX = _setting("M_MMAP_MAX", MMAP_MAX_DEFAULT)
 SETTINGS = (MMAP_THRESHOLD, TRIM_THRESHOLD, MMAP_MAX)
-
-
-def _mallopt(libc: Any, name: str, param: int, value: int) -> None:
-    if not libc.mallopt(param, value):
-        raise PassSkipped(f"glibc's mallopt refused {name} = {value}")
-    _set[name] = value
 
 
 def faults_per_call(model: nn.Module, call: Callable[[nn.Module], Any],
@@ -130,6 +166,17 @@ def faults_per_call(model: nn.Module, call: Callable[[nn.Module], Any],
         return (count() - start) // calls
 
 
+def _described() -> str:
+    return ", ".join(f"{name} = {value}" for name, value in sorted(_set.items()))
+
+
+def _mallopt(libc: Any, name: str, value: int, refused: list[str]) -> None:
+    if libc.mallopt(_PARAMS[name], value):
+        _set[name] = value
+    else:
+        refused.append(f"{name} = {value}")
+
+
 def reuse_heap(model: nn.Module, ctx: PassContext, *, libc: Any = None,
                count: Callable[[], int] | None = None) -> nn.Module:
     """The heap_reuse pass: glibc's thresholds set so that the model's per-call buffers are
@@ -140,7 +187,8 @@ def reuse_heap(model: nn.Module, ctx: PassContext, *, libc: Any = None,
     left at its top), which prepare_model cannot foresee: the same model faulted 8160
     times a call after an eager model's call, 0 times without. So what is measured is
     the worst case, a call's pages with nothing free to reuse (after malloc_trim), and,
-    once set, the faults of repeated calls, which must then be few."""
+    once set, the faults of repeated calls, which must then be few. Thresholds an earlier
+    run set are only ever raised: that run's model keeps what it needs."""
     from torchbridge.optimize.measure import sample_call
 
     libc = libc if libc is not None else glibc()
@@ -153,21 +201,35 @@ def reuse_heap(model: nn.Module, ctx: PassContext, *, libc: Any = None,
         raise PassSkipped(f"a call on the sample input takes {fresh * PAGE / _MIB:.1f} MiB "
                           "of fresh pages: too little to keep")
     was = faults_per_call(model, call, count)
-    trim = max(MIN_TRIM_BYTES, 2 * fresh * PAGE)
-    _mallopt(libc, "M_TRIM_THRESHOLD", M_TRIM_THRESHOLD, trim)
-    _mallopt(libc, "M_MMAP_THRESHOLD", M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
+    trim = min(_INT_MAX, max(MIN_TRIM_BYTES, 2 * fresh * PAGE,
+                             _set.get("M_TRIM_THRESHOLD", 0)))
+    wanted = {"M_TRIM_THRESHOLD": trim, "M_MMAP_THRESHOLD": MMAP_THRESHOLD_MAX}
+    refused: list[str] = []
+    before_run = dict(_set)
+    for name, value in wanted.items():
+        if _set.get(name) != value:
+            _mallopt(libc, name, value, refused)
     now = faults_per_call(model, call, count)
-    how = f"buffers up to {MMAP_THRESHOLD_MAX // _MIB} MiB from its heap, keeping up to " \
-          f"{trim // _MIB} MiB free"
-    if now * PAGE >= MIN_FRESH_BYTES:  # buffers over the largest mmap threshold
-        _mallopt(libc, "M_MMAP_MAX", M_MMAP_MAX, 0)
+    if now * PAGE >= MIN_FRESH_BYTES and _set.get("M_MMAP_MAX") != 0:
+        # Buffers of 32 MiB or more: glibc maps them whatever its threshold.
+        _mallopt(libc, "M_MMAP_MAX", 0, refused)
         now = faults_per_call(model, call, count)
-        how = f"every buffer from its heap (no mmap), keeping up to {trim // _MIB} MiB free"
+    if _set == before_run:
+        refusal = f"glibc refused {', '.join(refused)}" if refused else ""
+        raise PassSkipped(refusal if not before_run else
+                          f"glibc's malloc is set already (by an earlier prepare_model in "
+                          f"this process: {_described()}); page faults per repeated call "
+                          f"{now}" + (f"; {refusal}" if refusal else ""))
+    how = f"buffers under {MMAP_THRESHOLD_MAX // _MIB} MiB" if _set.get("M_MMAP_MAX") != 0 \
+        else "every buffer (mmap off)"
+    kept = _set.get("M_TRIM_THRESHOLD", trim)
     ctx.notes.append(
         f"heap_reuse: a call on the sample input takes {fresh * PAGE / _MIB:.1f} MiB of "
-        f"fresh pages ({fresh} page faults) when the heap has none free; glibc's malloc now "
-        f"serves {how}, for the whole process; page faults per repeated call {was} -> "
-        f"{now} (it stays set, also if prepare_model undoes this pass; "
+        f"fresh pages ({fresh} page faults) when the heap has none free; glibc's malloc "
+        f"serves {how} from its heap, keeping up to {kept // _MIB} MiB free, for the "
+        f"whole process; page faults per repeated call {was} -> {now}"
+        + (f"; glibc refused {', '.join(refused)}" if refused else "")
+        + " (the thresholds stay set, also if prepare_model undoes this pass; "
         "backend.empty_cache() gives the kept memory back)")
     logger.info("heap_reuse: %d fresh pages a call; page faults per call %d -> %d", fresh,
                 was, now)

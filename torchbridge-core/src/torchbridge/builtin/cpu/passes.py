@@ -58,7 +58,7 @@ def _heap_check(model: nn.Module, ctx: PassContext) -> str | None:
         return "config hardware.cpu.heap_reuse is off"
     if ctx.sample_input is None:
         return "no sample input to count the page faults of a call on"
-    return None if heap.glibc() is not None else "this process's malloc is not glibc's"
+    return heap.why_not()
 
 
 def cpu_passes(backend: Backend) -> list[OptimizationPass]:

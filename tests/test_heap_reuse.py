@@ -136,6 +136,23 @@ def test_a_call_with_few_fresh_pages_changes_nothing(monkeypatch: pytest.MonkeyP
     assert fake.calls == [] and not result.process_settings
 
 
+@pytest.mark.parametrize(("environ", "tuned"), [
+    ({"MALLOC_TRIM_THRESHOLD_": "1000000"}, "MALLOC_TRIM_THRESHOLD_"),
+    ({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}, "GLIBC_TUNABLES"),
+    ({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2", "MALLOC_ARENA_MAX": "2"}, None),
+])
+def test_a_malloc_tuned_by_the_environment_is_left_alone(
+        environ: dict[str, str], tuned: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    if heap.glibc() is None:
+        pytest.skip("needs glibc's malloc")
+    monkeypatch.setattr(heap, "_THP", heap.Path("/nonexistent"))  # THP: not this test's
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    expected = None if tuned is None else \
+        f"glibc's malloc is tuned by the environment ({tuned})"
+    assert _real_why_not() == expected
+
+
 @pytest.mark.parametrize(("why", "expected"), [
     ("not glibc", "this process's malloc is not glibc's"),
     ("config", "config hardware.cpu.heap_reuse is off"),

@@ -56,8 +56,8 @@ MIN_TRIM_BYTES = 64 * _MIB
 CALLS_WARMUP, CALLS_COUNTED = 2, 3
 # Environment variables that tune glibc's malloc: a process started with one keeps its
 # own settings.
-_TUNING = ("GLIBC_TUNABLES", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
-           "MALLOC_MMAP_MAX_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
+_TUNING = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_",
+           "MALLOC_TOP_PAD_")
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 # What this process's malloc was set to through this module (glibc has no call to read a
@@ -95,6 +95,8 @@ def why_not() -> str | None:
     if glibc() is None:
         return "this process's malloc is not glibc's"
     tuned = [name for name in _TUNING if name in os.environ]
+    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        tuned.append("GLIBC_TUNABLES")
     if tuned:
         return f"glibc's malloc is tuned by the environment ({', '.join(tuned)})"
     try:

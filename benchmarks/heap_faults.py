@@ -23,8 +23,11 @@ import subprocess
 import sys
 from typing import Any
 
+from torchbridge.bench import machine
+from torchbridge.hf_models import BATCHES
+
 _ONE = """
-import json, re, statistics, sys, time, torch, torchbridge
+import json, statistics, sys, time, torch, torchbridge
 from torchbridge import bench
 from torchbridge.builtin.cpu import heap
 from torchbridge.hf_models import BATCHES, hf_reference_models
@@ -79,10 +82,8 @@ def _one(name: str, on: bool, calls: int) -> dict[str, dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=30)
-    parser.add_argument("--models", nargs="+", default=["llama", "gpt2", "bert", "vit",
-                                                        "resnet"])
+    parser.add_argument("--models", nargs="+", default=list(BATCHES))
     args = parser.parse_args()
-    from torchbridge.bench import machine
 
     print(machine())
     print("| model | variant | off: repeated, ms (page faults a call) | off: round-robin | "

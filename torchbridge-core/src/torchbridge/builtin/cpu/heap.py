@@ -21,6 +21,7 @@ process-wide, for every allocation, as the report says.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import mmap
 import os
@@ -70,9 +71,11 @@ def _address(fn: Any) -> int | None:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
+@functools.cache
 def glibc() -> Any:
     """glibc as a ctypes library when it is this process's malloc; None elsewhere (not
-    Linux, musl, or a malloc preloaded in its place: jemalloc, tcmalloc)."""
+    Linux, musl, or a malloc preloaded in its place: jemalloc, tcmalloc). Looked up once:
+    the pass's check, the pass and empty_cache ask, and a process keeps its malloc."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -153,19 +156,21 @@ def faults_per_call(model: nn.Module, call: Callable[[nn.Module], Any],
                     calls: int = CALLS_COUNTED, before: Callable[[], None] | None = None
                     ) -> int:
     """Page faults per call of `model` on the sample input, after `warmup` calls and
-    `before()` (the model and the RNG are left as they were)."""
-    from torchbridge.optimize.measure import preserved_state
+    `before()` (the model and the RNG are left as they were: run_sample)."""
+    from torchbridge.optimize.run import run_sample
 
-    with preserved_state(model):
-        model.eval()
+    def counted(m: nn.Module) -> int:
         for _ in range(warmup):
-            call(model)
+            call(m)
         if before is not None:
             before()
         start = count()
         for _ in range(calls):
-            call(model)
+            call(m)
         return (count() - start) // calls
+
+    faults: int = run_sample(model, counted)
+    return faults
 
 
 def _described() -> str:

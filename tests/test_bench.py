@@ -43,6 +43,19 @@ def test_the_same_model_and_input_in_every_process() -> None:
         assert torch.equal(a, b)
 
 
+def test_the_warm_up_builds_a_generated_kernel() -> None:
+    """Inductor's first generated C++ kernel in a process carries its one-time setup (2-5 s
+    on the 2-core CI machine): the warm-up must build one, or the first variant that
+    compiles pays it in its first-call column."""
+    from torch._inductor import metrics
+
+    torch._dynamo.reset()
+    before = metrics.generated_kernel_count
+    with bench.cold_compiles():  # caches off: the warm-up compiles for real
+        pass
+    assert metrics.generated_kernel_count > before
+
+
 def test_machine_names_the_cpu_and_its_speed_flags() -> None:
     m = bench.machine()
     assert m["cpu"] and m["torch"] == torch.__version__

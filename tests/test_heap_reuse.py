@@ -102,6 +102,40 @@ def test_a_model_whose_calls_fault_gets_the_thresholds_and_the_figures(
     assert heap.MMAP_THRESHOLD.read() == heap.MMAP_THRESHOLD_MAX
 
 
+def test_thresholds_that_stay_after_the_pass_is_undone_stay_in_the_report(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timed slower than O0, the prepared model gives way to it and every pass is undone;
+    glibc's thresholds cannot go back to their dynamic default, so the report still lists
+    them (M_MMAP_MAX, put back to its fixed default, no longer)."""
+    from torchbridge.optimize.pipeline import run_pipeline
+
+    fake = FakeHeap(fresh=20_000, returned=20_000, over_mmap=16_000)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
+    model.register_forward_hook(fake.model_called)
+    monkeypatch.setattr(heap, "glibc", lambda: fake)
+    monkeypatch.setattr(heap, "why_not", lambda: None)
+    monkeypatch.setattr(heap, "minor_faults", fake.count)
+    monkeypatch.setattr(heap, "_set", {})
+    costs = {"O0": 1.0, "prepared": 2.0}
+
+    def timer(label: str, fn: Any) -> float:
+        fn()
+        return costs[label]
+
+    backend = torchbridge.get_backend("cpu", TorchBridgeConfig(
+        optimization={"disabled_passes": ["compile"]}))
+    result = run_pipeline(backend, model, "O2", sample_input=torch.randn(8, 16), timer=timer)
+    assert _record(result).status == "skipped"
+    assert _record(result).detail.startswith("undone after timing")
+    changed = {c.name: c for c in result.process_settings}
+    assert set(changed) == {"glibc malloc M_MMAP_THRESHOLD", "glibc malloc M_TRIM_THRESHOLD"}
+    assert changed["glibc malloc M_MMAP_THRESHOLD"].after == heap.MMAP_THRESHOLD_MAX
+    assert changed["glibc malloc M_MMAP_THRESHOLD"].pass_name == "heap_reuse"
+    assert "the pass was undone, the setting stays" in \
+        changed["glibc malloc M_MMAP_THRESHOLD"].why_process
+    assert fake.params()[heap.M_MMAP_MAX] == heap.MMAP_MAX_DEFAULT
+
+
 def test_buffers_over_the_largest_mmap_threshold_turn_mmap_off(
         monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeHeap(fresh=20_000, returned=20_000, over_mmap=16_000)

@@ -352,3 +352,87 @@ def test_the_float32_precision_api_is_watched_too(reload_plugins: None) -> None:
     record = next(p for p in result.passes if p.name == "sets_precision")
     assert record.status == "failed" and "without declaring it" in record.detail
     assert torch.get_float32_matmul_precision() == before  # readable: the APIs not mixed
+
+
+class _Sticky:
+    """A process-wide setting that takes a new value but cannot go back (as glibc's malloc
+    thresholds): put back, it stays."""
+
+    def __init__(self) -> None:
+        self.value = "default"
+
+    def write(self, value: Any) -> None:
+        if value != "default":
+            self.value = value
+
+    def setting(self) -> Any:
+        from torchbridge.optimize.settings import ProcessSetting
+
+        return ProcessSetting("sticky knob", lambda: self.value, self.write, scope="process",
+                              why_process="it has no way back")
+
+
+def _sticky_pass(knob: _Sticky, fail: bool) -> Any:
+    class Plugin:
+        @torchbridge.hookimpl
+        def torchbridge_optimization_passes(self, backend: object, level: object
+                                            ) -> list[OptimizationPass]:
+            def turn(model: nn.Module, ctx: Any) -> nn.Module:
+                knob.write("turned")
+                if fail:
+                    raise RuntimeError("gave up after turning the knob")
+                return model
+
+            return [OptimizationPass("turns_knob", "turns a knob", OptimizationLevel.O1,
+                                     turn, order=45, mutates=False,
+                                     settings=(knob.setting(),))]
+    return Plugin()
+
+
+@pytest.mark.parametrize("undone_by", ["failure", "final check"])
+def test_a_setting_that_stays_after_its_pass_is_undone_is_reported(
+        undone_by: str, reload_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    knob = _Sticky()
+    torchbridge.register_plugin(_sticky_pass(knob, fail=undone_by == "failure"),
+                                name="sticky")
+    if undone_by == "final check":  # the end-to-end check finds the model off, once
+        from torchbridge.optimize import run as run_module
+
+        verify, calls = run_module._verify, []
+
+        def off_once(*args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 2:  # the first is the pass's own check
+                raise run_module._Unverified("off")
+            return verify(*args, **kwargs)
+        monkeypatch.setattr(run_module, "_verify", off_once)
+    result = torchbridge.get_backend("cpu").optimize(mlp(), "O1", sample_input=torch.randn(
+        4, 16))
+    assert next(p for p in result.passes if p.name == "turns_knob").status == "failed"
+    [change] = [c for c in result.process_settings if c.name == "sticky knob"]
+    assert (change.before, change.after, change.scope, change.pass_name) == (
+        "default", "turned", "process", "turns_knob")
+    assert "the pass was undone, the setting stays" in change.why_process
+    assert "setting: sticky knob: 'default' -> 'turned', process-wide" in result.summary()
+    assert result.restore_process_settings() == ["sticky knob: still 'turned' (it has no "
+                                                 "way back; the pass was undone, the "
+                                                 "setting stays)"]
+
+
+def test_a_failed_run_names_the_settings_that_stay(reload_plugins: None) -> None:
+    from torchbridge.errors import ModelOptimizationError
+    from torchbridge.optimize.pipeline import run_pipeline
+
+    knob = _Sticky()
+    torchbridge.register_plugin(_sticky_pass(knob, fail=False), name="sticky")
+
+    def broken_timer(label: str, fn: Callable[[], Any]) -> float:
+        raise RuntimeError("the timer broke")
+
+    with pytest.raises(ModelOptimizationError) as caught:
+        run_pipeline(torchbridge.get_backend("cpu"), mlp(), "O2",
+                     sample_input=torch.randn(4, 16), timer=broken_timer)
+    assert knob.value == "turned"
+    assert "the model was put back as it was, and the process-wide settings too, except: " \
+           "sticky knob stays 'turned' (it has no way back; the pass was undone, the " \
+           "setting stays)" in str(caught.value)

@@ -177,8 +177,12 @@ def variants_for(suite: str, levels: Iterable[str] | None) -> tuple[str, ...]:
 
 
 def _warm_inductor() -> None:
-    """Pay inductor's one-time import and setup cost before any variant is timed."""
-    warm = torch.compile(torch.nn.Linear(8, 8))
+    """Pay inductor's one-time import and setup cost before any variant is timed. The
+    warm-up compiles a generated C++ kernel (the ReLU): a Linear alone compiles to a call
+    of an existing matmul, which left 2-5 s of first-time setup to the first variant that
+    generated code (ViT's plain torch.compile: 8.6 s as the process's first, 2.9 s after
+    an O3; 2-core AMD EPYC, torch 2.13) and to the suite's first model's compile row."""
+    warm = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()))
     with torch.inference_mode():
         warm(torch.randn(2, 8))
 

@@ -269,10 +269,16 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
             raise ModelOptimizationError(
                 f"prepare_model failed ({type(exc).__name__}: {exc}) and could not put the "
                 f"model back as it was: {leftover}") from exc
+        stayed = run.stayed_settings()
+        if stayed is not None:
+            logger.warning("prepare_model failed; process-wide settings that stay: %s",
+                           stayed)
         if isinstance(exc, TorchBridgeError) or not isinstance(exc, Exception):
             raise  # names the problem already; or Ctrl-C, which is the user's
+        settings = "the process-wide settings were put back as they were" if stayed is None \
+            else f"the process-wide settings too, except: {stayed}"
         raise ModelOptimizationError(
             f"prepare_model failed after passes ran ({type(exc).__name__}: {exc}); the model "
-            "and the process-wide settings were put back as they were") from exc
+            f"was put back as it was, and {settings}") from exc
     attach_result(work, result)
     return result

@@ -6,6 +6,7 @@ model once more against O0. pipeline.py collects the passes and drives this.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -145,6 +146,9 @@ class Run:
         # The snapshot to share saved tensors with, and the tensors unchanged since it.
         self.last: ModelSnapshot | None = None
         self.unchanged: set[int] = set()
+        # Settings a pass changed that stayed changed when the pass was rolled back or
+        # undone (glibc's malloc thresholds have no way back): the report lists them.
+        self.stayed: dict[str, process.SettingChange] = {}
 
     # -- the passes ------------------------------------------------------------------------
     def run(self, plugin: str, p: OptimizationPass) -> None:
@@ -201,6 +205,7 @@ class Run:
                 raise ModelOptimizationError(
                     f"pass {p.name!r} (plugin {plugin}) failed ({type(exc).__name__}: "
                     f"{exc}) and {restore_error}") from exc
+            self._note_stayed(plugin, p, before)
             self.last, self.unchanged = before, {id(r.tensor) for r in before.tensors}
             if is_fatal(exc):
                 raise
@@ -258,6 +263,9 @@ class Run:
             for _, (setting, before, after) in entry.changes.settings.items():
                 if not process.differs(process.read(setting), after):
                     process.put(setting, before)
+            self._note_stayed(entry.plugin, entry.p, {
+                name: (setting, before)
+                for name, (setting, before, _) in entry.changes.settings.items()})
             if entry.changes.model:
                 self.result.notes.append(f"{entry.p.name}: its changes to the model stay "
                                          f"({entry.changes.describe()})")
@@ -266,6 +274,9 @@ class Run:
         """The process-wide settings the applied passes changed, in the report; those torch
         reads at call time put back and set around each call of the prepared model."""
         changes: dict[str, process.SettingChange] = {}
+        for name, change in self.stayed.items():  # their value now: a later pass may move it
+            assert change.setting is not None
+            changes[name] = dataclasses.replace(change, after=process.read(change.setting))
         for entry in self.applied:
             if not entry.effective:
                 continue
@@ -325,10 +336,34 @@ class Run:
             self.scoping.restore()
             self.scoping = None
 
+    def _note_stayed(self, plugin: str, p: OptimizationPass,
+                     before: ModelSnapshot | dict[str, tuple[process.ProcessSetting, Any]]
+                     ) -> None:
+        """After `p` was rolled back or undone: the settings it changed that are not back
+        to their values before it (their setter left them as they were)."""
+        saved = before.settings if isinstance(before, ModelSnapshot) else before
+        for name, (setting, value) in saved.items():
+            now = process.read(setting)
+            if name in self.stayed or not process.differs(value, now):
+                continue
+            why = setting.why_process or "it could not be put back"
+            self.stayed[name] = process.SettingChange(
+                name, value, now, "process", p.name, plugin,
+                f"{why}; the pass was undone, the setting stays", setting)
+            logger.info("pass %s (plugin %s) undone; %s stays %r", p.name, plugin, name, now)
+
+    def stayed_settings(self) -> str | None:
+        """The settings that stay changed after undoing (their value now), or None."""
+        stayed = [f"{c.name} stays {process.read(c.setting)!r} ({c.why_process})"
+                  for c in self.stayed.values() if c.setting is not None
+                  and process.differs(c.before, process.read(c.setting))]
+        return "; ".join(stayed) or None
+
     def undo_last(self) -> _Applied:
         self._unscope()
         entry = self.applied.pop()
         entry.before.restore()
+        self._note_stayed(entry.plugin, entry.p, entry.before)
         self.work = entry.before.model
         self.output_check = entry.output_check
         return entry
@@ -346,6 +381,8 @@ class Run:
                 entry.before.restore()
             except SnapshotRestoreError as exc:
                 problems.append(f"after pass {entry.p.name} (plugin {entry.plugin}): {exc}")
+            else:
+                self._note_stayed(entry.plugin, entry.p, entry.before)
             self.work = entry.before.model
             self.output_check = entry.output_check
         return "; ".join(problems) or None

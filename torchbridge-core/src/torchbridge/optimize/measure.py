@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -154,6 +155,14 @@ def round_robin(candidates: dict[str, Callable[[], Any]], timer: Timer, *, warmu
     Sampling goes on past `repeats` rounds until the samples add up to `min_seconds`
     (counted from the samples, not a clock, so that an injected timer decides it too).
 
+    Each round takes the candidates in another order (shuffled by a generator of its own,
+    seeded: the same orders in every run, the global RNG untouched). A call is slower after
+    another model's call that left the caches full of its own data: in a fixed order, the
+    candidate after the largest one paid for it in every round (two identical O3 models of
+    a Hugging Face suite, one timed right after plain compile's float32 model: 4-7% apart
+    on all five models, the one after it slower; benchmarks/cpu_freezing.py, 2-core AMD
+    EPYC, 2026-11-25).
+
     With `max_repeats`, sampling stops early once the fastest median leads the next by more
     than `margin`, and goes on to `max_repeats` rounds while they are closer: a clear
     winner costs few calls of the model, a close race gets more samples.
@@ -168,8 +177,10 @@ def round_robin(candidates: dict[str, Callable[[], Any]], timer: Timer, *, warmu
                 fn()
         samples: dict[str, list[float]] = {label: [] for label in candidates}
         total, rounds = 0.0, 0
+        order, shuffler = list(candidates.items()), random.Random(0)
         while True:
-            for label, fn in candidates.items():
+            shuffler.shuffle(order)
+            for label, fn in order:
                 seconds = timer(label, fn)
                 samples[label].append(seconds)
                 total += max(seconds, 0.0)

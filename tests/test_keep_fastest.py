@@ -135,6 +135,22 @@ def test_each_round_takes_the_candidates_in_another_order_the_same_in_every_run(
     assert len(predecessors) >= 2, first  # "b" follows more than one other candidate
 
 
+def test_a_candidate_far_behind_sits_out_a_close_race() -> None:
+    from torchbridge.optimize.measure import round_robin
+
+    seen: list[str] = []
+    medians = round_robin({label: (lambda: None) for label in ("O0", "a", "b")},
+                          _timer({"O0": 2.0, "a": 1.0, "b": 1.01}, seen), warmup=0,
+                          repeats=3, max_repeats=9, min_seconds=0.0)
+    assert (seen.count("O0"), seen.count("a"), seen.count("b")) == (3, 9, 9)
+    assert medians == {"O0": 2.0, "a": 1.0, "b": 1.01}
+    # Without max_repeats (the benchmarks' fixed number of rounds) every candidate runs all.
+    seen.clear()
+    round_robin({label: (lambda: None) for label in ("O0", "a")},
+                _timer({"O0": 2.0, "a": 1.0}, seen), warmup=0, repeats=5, min_seconds=0.0)
+    assert seen.count("O0") == seen.count("a") == 5
+
+
 def test_a_clear_winner_costs_few_rounds_a_close_race_more() -> None:
     from torchbridge.optimize.measure import round_robin
 

@@ -164,7 +164,7 @@ def round_robin(candidates: dict[str, Callable[[], Any]], timer: Timer, *, warmu
     seeded: the same orders in every run, the global RNG untouched). A call is slower after
     another model's call that left the caches full of its own data: in a fixed order, the
     candidate after the largest one paid for it in every round (two identical O3 models of
-    a Hugging Face suite, one timed right after plain compile's float32 model: 4-7% apart
+    a Hugging Face suite, one timed right after plain compile's float32 model: 5-7% apart
     on all five models, the one after it slower; benchmarks/cpu_freezing.py, 2-core AMD
     EPYC, 2026-11-25).
 

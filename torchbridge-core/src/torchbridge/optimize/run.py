@@ -205,7 +205,7 @@ class Run:
                 raise ModelOptimizationError(
                     f"pass {p.name!r} (plugin {plugin}) failed ({type(exc).__name__}: "
                     f"{exc}) and {restore_error}") from exc
-            self._note_stayed(plugin, p, before)
+            self._note_stayed(plugin, p, before.settings)
             self.last, self.unchanged = before, {id(r.tensor) for r in before.tensors}
             if is_fatal(exc):
                 raise
@@ -337,11 +337,9 @@ class Run:
             self.scoping = None
 
     def _note_stayed(self, plugin: str, p: OptimizationPass,
-                     before: ModelSnapshot | dict[str, tuple[process.ProcessSetting, Any]]
-                     ) -> None:
-        """After `p` was rolled back or undone: the settings it changed that are not back
-        to their values before it (their setter left them as they were)."""
-        saved = before.settings if isinstance(before, ModelSnapshot) else before
+                     saved: dict[str, tuple[process.ProcessSetting, Any]]) -> None:
+        """After `p` was rolled back or undone: of the settings `saved` holds with their
+        values before it, those not back to them (their setter left them as they were)."""
         for name, (setting, value) in saved.items():
             now = process.read(setting)
             if name in self.stayed or not process.differs(value, now):
@@ -354,16 +352,18 @@ class Run:
 
     def stayed_settings(self) -> str | None:
         """The settings that stay changed after undoing (their value now), or None."""
-        stayed = [f"{c.name} stays {process.read(c.setting)!r} ({c.why_process})"
-                  for c in self.stayed.values() if c.setting is not None
-                  and process.differs(c.before, process.read(c.setting))]
+        now = {name: process.read(c.setting) for name, c in self.stayed.items()
+               if c.setting is not None}
+        stayed = [f"{name} stays {value!r} ({self.stayed[name].why_process})"
+                  for name, value in now.items()
+                  if process.differs(self.stayed[name].before, value)]
         return "; ".join(stayed) or None
 
     def undo_last(self) -> _Applied:
         self._unscope()
         entry = self.applied.pop()
         entry.before.restore()
-        self._note_stayed(entry.plugin, entry.p, entry.before)
+        self._note_stayed(entry.plugin, entry.p, entry.before.settings)
         self.work = entry.before.model
         self.output_check = entry.output_check
         return entry
@@ -382,7 +382,7 @@ class Run:
             except SnapshotRestoreError as exc:
                 problems.append(f"after pass {entry.p.name} (plugin {entry.plugin}): {exc}")
             else:
-                self._note_stayed(entry.plugin, entry.p, entry.before)
+                self._note_stayed(entry.plugin, entry.p, entry.before.settings)
             self.work = entry.before.model
             self.output_check = entry.output_check
         return "; ".join(problems) or None

@@ -207,6 +207,17 @@ def test_render_states_the_machine_and_every_column(faked: dict[str, Any]) -> No
     assert "| mlp | 2 | compile | 4.0 | 0.1 | - | 3.9 |" in text
 
 
+def test_a_graph_inductor_would_not_cache_is_counted_as_such() -> None:
+    """A second process whose graph inductor bypassed (prepacked oneDNN weights do not
+    pickle) is not shown as "0/0 graphs": the graph is counted, and said not cacheable."""
+    from torchbridge.bench_render import _second_process
+
+    row = {"second_process_s": 4.2, "second_process_cache": {"fxgraph_cache_bypass": 1}}
+    assert _second_process(row) == "4.2 (0/1 graphs cached, 1 not cacheable)"
+    row["second_process_cache"] = {"fxgraph_cache_hit": 1}
+    assert _second_process(row) == "4.2 (1/1 graphs cached)"
+
+
 def test_a_failed_second_process_is_reported_not_fatal(faked: dict[str, Any],
                                                        monkeypatch: pytest.MonkeyPatch
                                                        ) -> None:

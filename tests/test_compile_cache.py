@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,35 +34,41 @@ torch.manual_seed(0)
 model = TwoBuffers().eval() if sys.argv[4] == "two_buffers" else torch.nn.Sequential(
     torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).eval()
 x = torch.randn(2, 16)
-config = TorchBridgeConfig(optimization={"compile_cache_dir": sys.argv[1]})
+prepack = {"-": None, "on": True, "off": False}[sys.argv[5]]
+config = TorchBridgeConfig(optimization={"compile_cache_dir": sys.argv[1]},
+                           hardware={"cpu": {"weight_prepack": prepack}})
 quantize = sys.argv[3] if sys.argv[3] != "-" else None
 result = torchbridge.get_backend("cpu", config).optimize(model, sys.argv[2], sample_input=x,
                                                          quantize=quantize)
-print(json.dumps({"applied": result.optimizations_applied,
+print(json.dumps({"applied": result.optimizations_applied, "notes": result.notes,
                   "quantization": result.quantization_outcome() if quantize else None,
                   "inductor": dict(counters["inductor"])}))
 """
 
 
 def _prepare_in_a_new_process(cache: Path, level: str, quantize: str | None = None,
-                              model: str = "mlp", hash_seed: str | None = None
-                              ) -> dict[str, object]:
+                              model: str = "mlp", hash_seed: str | None = None,
+                              prepack: str = "-") -> dict[str, Any]:
     env = dict(os.environ)
     if hash_seed is not None:
         env["PYTHONHASHSEED"] = hash_seed
     done = subprocess.run([sys.executable, "-c", PREPARE, str(cache), level, quantize or "-",
-                           model], capture_output=True, text=True, timeout=600,  # hangs only
-                          env=env)
+                           model, prepack], capture_output=True, text=True,
+                          timeout=600, env=env)  # the timeout catches hangs only
     assert done.returncode == 0, done.stderr[-2000:]
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-@pytest.mark.parametrize(("level", "quantize"), [("O2", None), ("O3", None), ("O3", "int8")])
+@pytest.mark.parametrize(("level", "quantize", "prepack"), [
+    ("O2", None, "-"), ("O3", None, "off"), ("O3", "int8", "-")])
 def test_a_second_process_reuses_the_compiled_artifacts(tmp_path: Path, level: str,
-                                                        quantize: str | None) -> None:
-    """int8 too: its graphs hold int8 weights that inductor can pickle (torchao's
-    weight-pack pattern, whose prepacked weights it cannot, is not registered)."""
+                                                        quantize: str | None,
+                                                        prepack: str) -> None:
+    """O3 with weight prepacking off (config hardware.cpu.weight_prepack); int8 too, whose
+    graphs hold int8 weights that inductor can pickle: with every Linear quantized no
+    float layer is left to prepack (and torchao's weight-pack pattern, whose prepacked
+    weights inductor cannot pickle, is not registered)."""
     if quantize is not None:
         pytest.importorskip("torchao")
         from torchbridge.optimize.quantize_gate import unsupported
@@ -73,16 +80,39 @@ def test_a_second_process_reuses_the_compiled_artifacts(tmp_path: Path, level: s
     cache = tmp_path / "compiled"
     # (Whether the compiled forward is kept is timed in those processes; it is compiled
     # either way, on the sample input, inside prepare_model.)
-    first = _prepare_in_a_new_process(cache, level, quantize)
+    first = _prepare_in_a_new_process(cache, level, quantize, prepack=prepack)
     if quantize is not None:  # quantized and compiled (then kept, or undone by timing)
-        outcome: dict[str, str] = first["quantization"]  # type: ignore[assignment]
+        outcome: dict[str, str] = first["quantization"]
         assert outcome["status"] == "applied" or \
             outcome["detail"].startswith("undone after timing"), outcome
-    assert first["inductor"].get("fxgraph_cache_miss", 0) >= 1  # type: ignore[union-attr]
+    assert first["inductor"].get("fxgraph_cache_miss", 0) >= 1
     assert any(cache.iterdir())
-    second = _prepare_in_a_new_process(cache, level, quantize)
-    assert second["inductor"].get("fxgraph_cache_hit", 0) >= 1, second  # type: ignore[union-attr]
-    assert second["inductor"].get("fxgraph_cache_miss", 0) == 0, second  # type: ignore[union-attr]
+    second = _prepare_in_a_new_process(cache, level, quantize, prepack=prepack)
+    assert second["inductor"].get("fxgraph_cache_hit", 0) >= 1, second
+    assert second["inductor"].get("fxgraph_cache_miss", 0) == 0, second
+
+
+def _kernels(cache: Path) -> set[Path]:
+    return set(cache.rglob("*.so"))
+
+
+def test_prepacked_weights_the_second_process_compiles_the_graph_not_its_kernels(
+        tmp_path: Path) -> None:
+    """O3 by default prepacks a float model's weights for oneDNN: the graph then holds
+    oneDNN tensors, which inductor's FX graph cache cannot pickle, so a second process
+    compiles the graph again (bypassed, and the report said so), but builds no C++ kernel:
+    each comes from the cache folder."""
+    cache = tmp_path / "compiled"
+    first = _prepare_in_a_new_process(cache, "O3")
+    assert first["inductor"].get("mkldnn_linear_weight_pack_matcher_count", 0) >= 1, first
+    assert first["inductor"].get("fxgraph_cache_bypass", 0) >= 1, first
+    assert any("prepacked for oneDNN" in n and "another process compiles it again" in n
+               for n in first["notes"]), first["notes"]
+    kernels = _kernels(cache)
+    assert kernels
+    second = _prepare_in_a_new_process(cache, "O3")
+    assert second["inductor"].get("fxgraph_cache_bypass", 0) >= 1, second
+    assert _kernels(cache) == kernels
 
 
 def test_the_cache_folder_is_reported_and_a_bad_one_named(tmp_path: Path) -> None:
@@ -119,9 +149,10 @@ def test_a_second_process_hits_the_cache_whatever_its_string_hashing(tmp_path: P
     assert len(seeds) == 2, "no two hash seeds order the names differently"
     first_seed, second_seed = seeds.values()
     cache = tmp_path / "compiled"
-    first = _prepare_in_a_new_process(cache, "O3", model="two_buffers", hash_seed=first_seed)
-    assert first["inductor"].get("fxgraph_cache_miss", 0) >= 1  # type: ignore[union-attr]
+    first = _prepare_in_a_new_process(cache, "O3", model="two_buffers", hash_seed=first_seed,
+                                      prepack="off")
+    assert first["inductor"].get("fxgraph_cache_miss", 0) >= 1
     second = _prepare_in_a_new_process(cache, "O3", model="two_buffers",
-                                       hash_seed=second_seed)
-    assert second["inductor"].get("fxgraph_cache_hit", 0) >= 1, second  # type: ignore[union-attr]
-    assert second["inductor"].get("fxgraph_cache_miss", 0) == 0, second  # type: ignore[union-attr]
+                                       hash_seed=second_seed, prepack="off")
+    assert second["inductor"].get("fxgraph_cache_hit", 0) >= 1, second
+    assert second["inductor"].get("fxgraph_cache_miss", 0) == 0, second

@@ -34,8 +34,12 @@ def _second_process(r: dict[str, Any]) -> str:
         return "-"
     cache = r.get("second_process_cache") or {}
     hits, misses = cache.get("fxgraph_cache_hit", 0), cache.get("fxgraph_cache_miss", 0)
-    graphs = f" ({hits}/{hits + misses} graphs cached)" if hits + misses else ""
-    return f"{r['second_process_s']:.1f}{graphs}"
+    # Bypassed: inductor would not cache the graph (prepacked oneDNN weights do not pickle).
+    bypassed = cache.get("fxgraph_cache_bypass", 0)
+    graphs = hits + misses + bypassed
+    why = f", {bypassed} not cacheable" if bypassed else ""
+    return f"{r['second_process_s']:.1f}" + (f" ({hits}/{graphs} graphs cached{why})"
+                                            if graphs else "")
 
 
 def _gate(r: dict[str, Any]) -> str:

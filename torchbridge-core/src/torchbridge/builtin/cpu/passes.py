@@ -4,8 +4,8 @@ the faster, optimize/fastest.py.)
 
 | pass | level | when |
 | --- | --- | --- |
-| inference_freezing | O3 | eval mode, compile not skipped: inductor freezing, without |
-|  |  | oneDNN weight prepacking |
+| inference_freezing | O3 | eval mode, compile not skipped: inductor freezing, weights |
+|  |  | prepacked for oneDNN while float layers remain (prepack.py) |
 | heap_reuse | O2 | eval mode, a sample input, glibc's malloc: its calls page-fault (heap.py) |
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from torchbridge.builtin.cpu import heap
+from torchbridge.builtin.cpu import heap, prepack
 from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize.core_passes import compile_ahead, compiled_with
 from torchbridge.optimize.passes import OptimizationPass, PassContext
@@ -29,26 +29,22 @@ def _freeze_check(model: nn.Module, ctx: PassContext) -> str | None:
     return compile_ahead(ctx)
 
 
-# Freezing without inductor's oneDNN weight prepacking: prepacked (mkldnn) weights cannot
-# be pickled, so inductor's FX graph cache refuses the whole graph ("mkldnn tensors
-# unpickleable") and every process compiles it again; without prepacking a second process
-# reuses the compiled graph (tests/test_compile_cache.py). Prepacking did not pay for it
-# here: O3 with and without it, same process, round-robin (2-core AMD EPYC, avx512_bf16,
-# torch 2.13, under load from other jobs): ViT 589 vs 605 ms, BERT 341 vs 315 ms, ResNet
-# 18.5 vs 18.7 ms, Llama 1912 vs 1432 ms; and preparing took 1.3-2x longer with it.
-PREPACK_WEIGHTS = False
-# What the report says the pass does, from the setting it applies.
-FREEZING_DESCRIPTION = "inductor freezing: weights folded as constants" + (
-    ", prepacked for oneDNN" if PREPACK_WEIGHTS else
-    " (not prepacked for oneDNN, so that the compiled graph can be cached)")
+# Whether freezing also prepacks the weights for oneDNN: prepack.py (faster calls, but the
+# compiled graph is then not cacheable across processes).
+FREEZING_DESCRIPTION = ("inductor freezing: weights folded as constants, and prepacked for "
+                        "oneDNN while float convolutions or linear layers remain (config "
+                        "hardware.cpu.weight_prepack)")
 
 
 def _freeze(model: nn.Module, ctx: PassContext) -> nn.Module:
     # Inductor freezing turns weights into constants and folds them (bf16 weight casts
     # happen once instead of every call). Weights changed after this are not seen:
     # inference only.
+    cpu_config: Any = getattr(ctx.config.hardware, "cpu", None)  # a dynamic section
+    wanted, why = prepack.decide(model, getattr(cpu_config, "weight_prepack", None))
+    ctx.notes.append(prepack.packing_note(wanted, why))
     ctx.state.setdefault("inductor_config", {}).update(
-        {"freezing": True, "cpp.weight_prepack": PREPACK_WEIGHTS})
+        {"freezing": True, "cpp.weight_prepack": wanted})
     return model
 
 

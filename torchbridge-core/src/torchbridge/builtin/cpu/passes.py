@@ -42,7 +42,7 @@ def _freeze(model: nn.Module, ctx: PassContext) -> nn.Module:
     # inference only.
     cpu_config: Any = getattr(ctx.config.hardware, "cpu", None)  # a dynamic section
     wanted, why = prepack.decide(model, getattr(cpu_config, "weight_prepack", None))
-    ctx.notes.append(prepack.packing_note(wanted, why))
+    ctx.notes.append(prepack.arrange(wanted, why))
     ctx.state.setdefault("inductor_config", {}).update(
         {"freezing": True, "cpp.weight_prepack": wanted})
     return model

@@ -114,14 +114,16 @@ def ensure_registered() -> str | None:
     return None
 
 
-def packing_note(wanted: bool, why: str) -> str:
-    """The freezing pass's note on prepacking: what it asked inductor, why, and what this
-    process's registered patterns will make of it."""
+def arrange(wanted: bool, why: str) -> str:
+    """Makes this process's inductor prepack when `wanted` (ensure_registered), and returns
+    the freezing pass's note: what it asked inductor, why, and what the patterns registered
+    in this process will make of it."""
     if wanted:
         trouble = ensure_registered()
         if trouble is not None:
             return f"inference_freezing: weights not prepacked for oneDNN ({trouble})"
-        return (f"inference_freezing: weights prepacked for oneDNN ({why}); prepacked "
+        return (f"inference_freezing: weights prepacked for oneDNN where inductor can "
+                f"({why}); prepacked "
                 "weights do not pickle, so inductor's FX graph cache does not keep the "
                 "graph: another process compiles it again (its C++ kernels come from "
                 "the cache)")

@@ -28,6 +28,16 @@ def test_float_layers_are_prepacked_and_config_decides_first() -> None:
     assert wanted is False and "hardware.cpu.weight_prepack" in why
 
 
+def test_the_old_constant_still_reads_with_a_deprecation_warning() -> None:
+    # A plugin written against 0.3.0 may read it: its old value, and told what replaces it.
+    from torchbridge.builtin.cpu import passes
+
+    with pytest.warns(DeprecationWarning, match="prepack.decide"):
+        assert passes.PREPACK_WEIGHTS is False
+    with pytest.raises(AttributeError, match="NO_SUCH_SETTING"):
+        passes.NO_SUCH_SETTING  # noqa: B018
+
+
 def test_quantized_linear_layers_are_not_float_layers() -> None:
     pytest.importorskip("torchao")
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_

@@ -73,3 +73,19 @@ def cpu_passes(backend: Backend) -> list[OptimizationPass]:
         heap.reuse_heap, _heap_check, mode="inference", order=90, mutates=False,
         settings=heap.SETTINGS))
     return passes
+
+
+def __getattr__(name: str) -> Any:
+    # Since 0.3.0 the pass decides per model (prepack.py); a plugin that read this constant
+    # gets its 0.3.0 value and a warning, not an AttributeError.
+    if name == "PREPACK_WEIGHTS":
+        import warnings
+
+        warnings.warn("torchbridge.builtin.cpu.passes.PREPACK_WEIGHTS is deprecated and "
+                      "goes in the next major release; it no longer says what the "
+                      "inference_freezing pass does: prepack.decide(model, setting) does "
+                      "(weights are prepacked while float convolution or linear layers "
+                      "remain, config hardware.cpu.weight_prepack)",
+                      DeprecationWarning, stacklevel=2)
+        return False
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -347,6 +347,41 @@ def test_compiled_path_serves_calls_shaped_like_the_first() -> None:
     assert torch.equal(model(x, scale=None), x * 2) and len(compiled_calls) == 2
 
 
+def test_a_call_of_another_signature_is_logged_once_as_uncompiled(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A user whose calls pass other keywords than the sample input is told, once for each
+    such signature, that they run uncompiled, with both signatures."""
+
+    class Scaled(nn.Module):
+        def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+            return x * 2 if scale is None else x * scale
+
+    model = Scaled()
+    state = compiled_forward(model, lambda fn: fn)
+    x = torch.ones(2)
+    model(x)
+    with caplog.at_level(logging.INFO, logger="torchbridge.optimize.forward"):
+        for _ in range(3):
+            model(x, scale=torch.tensor(3.0))
+        model(x=x)
+    messages = [r.getMessage() for r in caplog.records if "runs uncompiled" in r.getMessage()]
+    assert messages == [
+        "Scaled called with 1 positional argument(s) and keywords ['scale']: it runs "
+        "uncompiled (compiled for 1 positional argument(s) and keywords none)",
+        "Scaled called with 0 positional argument(s) and keywords ['x']: it runs "
+        "uncompiled (compiled for 1 positional argument(s) and keywords none)"]
+    assert state.uncompiled_signatures == {(1, frozenset({"scale"})), (0, frozenset({"x"}))}
+
+
+def test_the_compile_note_says_which_calls_run_uncompiled() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    prepared = cpu(torchbridge.TorchBridgeConfig()).prepare_model(
+        model, "O2", sample_input=torch.randn(2, 8))
+    notes = torchbridge.optimization_result(prepared).notes
+    assert any(n.startswith("compile:") and "other keywords" in n and "run the forward "
+               "uncompiled" in n for n in notes)
+
+
 def test_a_deep_copy_of_a_prepared_model_runs_its_own_weights() -> None:
     import copy
 

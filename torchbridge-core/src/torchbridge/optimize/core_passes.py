@@ -231,6 +231,9 @@ def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
                          inductor_config or None, options)
     when = "compiled on the sample input inside prepare_model" if ctx.sample_input is not None \
         else "the first call compiles; if that fails the model runs uncompiled, with a warning"
+    when += ("; calls with other keywords or another number of positional arguments than "
+             "that first call (generate()'s steps with a KV cache among them) run the "
+             "forward uncompiled, logged once for each such signature")
     settings = f", inductor config {inductor_config}" if inductor_config else ""
     ctx.notes.append(f"compile: torch.compile(backend={backend!r}, options={options}"
                      f"{settings}); {when}")

@@ -110,6 +110,9 @@ class CompileState:
                  inductor_config: dict[str, Any] | None = None) -> None:
         self.error: BaseException | None = None
         self.signature: tuple[int, frozenset[str]] | None = None
+        # Signatures of calls that ran uncompiled because they differ from `signature`
+        # (each logged once): what a user asks about when such calls are slow.
+        self.uncompiled_signatures: set[tuple[int, frozenset[str]]] = set()
         self.bypass = False  # calls run the uncompiled forward (timing it against this)
         self.options = dict(options or {})
         self.inductor_config = dict(inductor_config or {})
@@ -119,6 +122,11 @@ def call_signature(args: tuple[Any, ...], kwargs: dict[str, Any]
                    ) -> tuple[int, frozenset[str]]:
     """How a call looks: positional count and the keywords given (None counts as not)."""
     return len(args), frozenset(k for k, v in kwargs.items() if v is not None)
+
+
+def describe_signature(signature: tuple[int, frozenset[str]]) -> str:
+    positional, keywords = signature
+    return f"{positional} positional argument(s) and keywords {sorted(keywords) or 'none'}"
 
 
 def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], Any],
@@ -149,7 +157,14 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
             signature = call_signature(args, kwargs)
             if state.signature is None:
                 state.signature = signature
-            if state.error is not None or state.bypass or signature != state.signature:
+            if state.error is not None or state.bypass:
+                return inner(*args, **kwargs)
+            if signature != state.signature:
+                if signature not in state.uncompiled_signatures:
+                    state.uncompiled_signatures.add(signature)
+                    logger.info("%s called with %s: it runs uncompiled (compiled for %s)",
+                                type(model).__name__, describe_signature(signature),
+                                describe_signature(state.signature))
                 return inner(*args, **kwargs)
             try:
                 with _patched_inductor(inductor_config), _grad_mode_compiled_for(args, kwargs):

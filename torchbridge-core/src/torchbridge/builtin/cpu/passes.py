@@ -76,7 +76,7 @@ def cpu_passes(backend: Backend) -> list[OptimizationPass]:
 
 
 def __getattr__(name: str) -> Any:
-    # Since 0.3.0 the pass decides per model (prepack.py); a plugin that read this constant
+    # After 0.3.0 the pass decides per model (prepack.py); a plugin that read this constant
     # gets its 0.3.0 value and a warning, not an AttributeError.
     if name == "PREPACK_WEIGHTS":
         import warnings

@@ -218,6 +218,13 @@ _REAL = textwrap.dedent("""
     import json, torch, torchbridge
     from torchbridge import TorchBridgeConfig
     from torchbridge.builtin.cpu import heap
+    from torchbridge.optimize import fastest
+
+    # The prepared model is kept: timed against O0 under the same process-wide malloc
+    # settings, the two race evenly, and O0 kept undoes the pass, M_MMAP_MAX with it, after
+    # which whether a call faults depends on the heap's history (seen in CI: 10241 a call).
+    fastest.default_timer = lambda synchronize: lambda label, fn: (
+        fn(), 1.0 if label == "prepared" else 2.0)[1]
 
     class LargeBuffer(torch.nn.Module):
         def forward(self, x):
@@ -254,8 +261,7 @@ def test_with_glibc_repeated_calls_stop_faulting() -> None:
     import json
 
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    # Applied, or undone when the timing kept O0 (the thresholds stay set either way).
-    assert got["status"]["heap_reuse"] in ("applied", "skipped"), got
+    assert got["status"]["heap_reuse"] == "applied", got
     note = next(n for n in got["notes"] if n.startswith("heap_reuse:"))
     assert "takes 40.0 MiB of fresh pages (1024" in note, note  # 10240 and a page or two
     assert "serves every buffer (mmap off) from its heap" in note, note

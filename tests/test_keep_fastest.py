@@ -179,3 +179,77 @@ def test_candidates_run_in_the_grad_mode_they_were_compiled_in(backend: Any) -> 
     result = run_pipeline(backend, _mlp(), "O2", sample_input=torch.randn(4, 32), timer=timer)
     assert "compile" in result.optimizations_applied
     assert modes and set(modes) == {(False, False)}
+
+
+class _Knobs:
+    """Two process-wide knobs a plugin's pass turns: one torch would read once per process
+    (scope "process"), one it reads at each op (scope "call"). Both can go back."""
+
+    def __init__(self) -> None:
+        self.values = {"process": "default", "call": "default"}
+
+    def setting(self, scope: Any) -> Any:
+        from torchbridge.optimize.settings import ProcessSetting
+
+        return ProcessSetting(f"{scope} knob", lambda: self.values[scope],
+                              lambda value: self.values.__setitem__(scope, value),
+                              scope=scope,
+                              why_process="read once per process" if scope == "process" else "")
+
+    def plugin(self, fail: bool = False) -> Any:
+        from torchbridge.optimize.passes import OptimizationLevel, OptimizationPass
+
+        knobs = self
+
+        class Plugin:
+            @torchbridge.hookimpl
+            def torchbridge_optimization_passes(self, backend: object, level: object
+                                                ) -> list[OptimizationPass]:
+                def turn(model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
+                    knobs.values.update({"process": "turned", "call": "turned"})
+                    if fail:
+                        raise RuntimeError("gave up after turning the knobs")
+                    return model
+
+                return [OptimizationPass("turns_knobs", "turns two knobs",
+                                         OptimizationLevel.O2, turn, order=95, mutates=False,
+                                         settings=(knobs.setting("process"),
+                                                   knobs.setting("call")))]
+        return Plugin()
+
+
+@pytest.mark.parametrize("kept", ["O0", "uncompiled"])
+def test_the_model_kept_after_timing_runs_under_the_process_settings_it_was_timed_under(
+        kept: str, reload_plugins: None) -> None:
+    """The candidates were timed under the process-wide settings the passes made; putting
+    them back when the timing keeps O0 (or the uncompiled forward) would leave the kept
+    model running otherwise than timed. They stay, reported with the reason; a setting
+    torch reads at each op goes back as before."""
+    knobs = _Knobs()
+    torchbridge.register_plugin(knobs.plugin(), name="knobs")
+    costs = {"O0": 1.0, "prepared": 3.0, "uncompiled": 2.0} if kept == "O0" else \
+        {"O0": 3.0, "prepared": 2.0, "uncompiled": 1.0}
+    result = run_pipeline(torchbridge.get_backend("cpu"), _mlp(), "O2",
+                          sample_input=torch.randn(4, 32), timer=_timer(costs))
+    record = next(p for p in result.passes if p.name == "turns_knobs")
+    assert (record.status, record.detail.split(":")[0]) == ("skipped", "undone after timing")
+    assert knobs.values == {"process": "turned", "call": "default"}
+    [change] = [c for c in result.process_settings if c.name == "process knob"]
+    assert (change.before, change.after, change.scope) == ("default", "turned", "process")
+    assert change.why_process.endswith(
+        "the pass was undone, the setting stays (the kept model was timed under it)")
+    assert not [c for c in result.process_settings if c.name == "call knob"]
+    assert result.restore_process_settings() == []
+    assert knobs.values["process"] == "default"
+
+
+def test_a_pass_rolled_back_for_failing_puts_its_process_settings_back(
+        reload_plugins: None) -> None:
+    knobs = _Knobs()
+    torchbridge.register_plugin(knobs.plugin(fail=True), name="knobs")
+    result = run_pipeline(torchbridge.get_backend("cpu"), _mlp(), "O2",
+                          sample_input=torch.randn(4, 32),
+                          timer=_timer({"O0": 1.0, "prepared": 3.0, "uncompiled": 2.0}))
+    assert next(p for p in result.passes if p.name == "turns_knobs").status == "failed"
+    assert knobs.values == {"process": "default", "call": "default"}
+    assert not [c for c in result.process_settings if "knob" in c.name]

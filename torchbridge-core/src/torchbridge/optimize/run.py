@@ -337,9 +337,11 @@ class Run:
             self.scoping = None
 
     def _note_stayed(self, plugin: str, p: OptimizationPass,
-                     saved: dict[str, tuple[process.ProcessSetting, Any]]) -> None:
+                     saved: dict[str, tuple[process.ProcessSetting, Any]],
+                     kept: str | None = None) -> None:
         """After `p` was rolled back or undone: of the settings `saved` holds with their
-        values before it, those not back to them (their setter left them as they were)."""
+        values before it, those not back to them (their setter left them as they were, or
+        `kept` says why they were left)."""
         for name, (setting, value) in saved.items():
             now = process.read(setting)
             if name in self.stayed or not process.differs(value, now):
@@ -347,7 +349,8 @@ class Run:
             why = setting.why_process or "it could not be put back"
             self.stayed[name] = process.SettingChange(
                 name, value, now, "process", p.name, plugin,
-                f"{why}; the pass was undone, the setting stays", setting)
+                f"{why}; the pass was undone, the setting stays"
+                + (f" ({kept})" if kept else ""), setting)
             logger.info("pass %s (plugin %s) undone; %s stays %r", p.name, plugin, name, now)
 
     def stayed_settings(self) -> str | None:
@@ -359,11 +362,13 @@ class Run:
                   if process.differs(self.stayed[name].before, value)]
         return "; ".join(stayed) or None
 
-    def undo_last(self) -> _Applied:
+    def undo_last(self, keep_process_settings: str | None = None) -> _Applied:
+        """The last applied pass undone. `keep_process_settings`, a reason: its settings of
+        scope "process" stay as they are, and the report gives that reason."""
         self._unscope()
         entry = self.applied.pop()
-        entry.before.restore()
-        self._note_stayed(entry.plugin, entry.p, entry.before.settings)
+        entry.before.restore(process_settings=keep_process_settings is None)
+        self._note_stayed(entry.plugin, entry.p, entry.before.settings, keep_process_settings)
         self.work = entry.before.model
         self.output_check = entry.output_check
         return entry

@@ -263,9 +263,10 @@ class ModelSnapshot:
                 found.settings[name] = (setting, before, after)
         return found
 
-    def restore(self) -> None:
+    def restore(self, *, process_settings: bool = True) -> None:
         """The model and the watched settings exactly as they were; raises
-        SnapshotRestoreError when something could not be put back."""
+        SnapshotRestoreError when something could not be put back. `process_settings`
+        False: settings of scope "process" stay as they are now."""
         problems: list[str] = []
         for _, module, cls, table, contents in self.modules:
             if module.__class__ is not cls:
@@ -283,6 +284,8 @@ class ModelSnapshot:
                 except Exception as exc:
                     problems.append(f"{record.name}: {type(exc).__name__}: {exc}")
         for name, (setting, before) in self.settings.items():
+            if not process_settings and setting.scope == "process":
+                continue
             if process.differs(before, process.read(setting)):
                 try:
                     process.put(setting, before)

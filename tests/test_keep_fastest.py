@@ -182,19 +182,24 @@ def test_candidates_run_in_the_grad_mode_they_were_compiled_in(backend: Any) -> 
 
 
 class _Knobs:
-    """Two process-wide knobs a plugin's pass turns: one torch would read once per process
-    (scope "process"), one it reads at each op (scope "call"). Both can go back."""
+    """Three process-wide knobs a plugin's pass turns, each able to go back: one that
+    changes how fast any model of the process runs (scope "process", kept_after_timing),
+    one torch reads once per process (scope "process"), one it reads at each op (scope
+    "call")."""
+
+    NAMES = ("speed", "process", "call")
 
     def __init__(self) -> None:
-        self.values = {"process": "default", "call": "default"}
+        self.values = dict.fromkeys(self.NAMES, "default")
 
-    def setting(self, scope: Any) -> Any:
+    def setting(self, name: str) -> Any:
         from torchbridge.optimize.settings import ProcessSetting
 
-        return ProcessSetting(f"{scope} knob", lambda: self.values[scope],
-                              lambda value: self.values.__setitem__(scope, value),
-                              scope=scope,
-                              why_process="read once per process" if scope == "process" else "")
+        return ProcessSetting(f"{name} knob", lambda: self.values[name],
+                              lambda value: self.values.__setitem__(name, value),
+                              scope="call" if name == "call" else "process",
+                              why_process="" if name == "call" else "read once per process",
+                              kept_after_timing=name == "speed")
 
     def plugin(self, fail: bool = False) -> Any:
         from torchbridge.optimize.passes import OptimizationLevel, OptimizationPass
@@ -206,15 +211,14 @@ class _Knobs:
             def torchbridge_optimization_passes(self, backend: object, level: object
                                                 ) -> list[OptimizationPass]:
                 def turn(model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
-                    knobs.values.update({"process": "turned", "call": "turned"})
+                    knobs.values.update(dict.fromkeys(knobs.NAMES, "turned"))
                     if fail:
                         raise RuntimeError("gave up after turning the knobs")
                     return model
 
-                return [OptimizationPass("turns_knobs", "turns two knobs",
+                return [OptimizationPass("turns_knobs", "turns three knobs",
                                          OptimizationLevel.O2, turn, order=95, mutates=False,
-                                         settings=(knobs.setting("process"),
-                                                   knobs.setting("call")))]
+                                         settings=tuple(map(knobs.setting, knobs.NAMES)))]
         return Plugin()
 
 
@@ -222,9 +226,9 @@ class _Knobs:
 def test_the_model_kept_after_timing_runs_under_the_process_settings_it_was_timed_under(
         kept: str, reload_plugins: None) -> None:
     """The candidates were timed under the process-wide settings the passes made; putting
-    them back when the timing keeps O0 (or the uncompiled forward) would leave the kept
-    model running otherwise than timed. They stay, reported with the reason; a setting
-    torch reads at each op goes back as before."""
+    back one that changes how fast any model runs, when the timing keeps O0 (or the
+    uncompiled forward), would leave the kept model running otherwise than timed. Such a
+    setting (kept_after_timing) stays, reported with the reason; the others go back."""
     knobs = _Knobs()
     torchbridge.register_plugin(knobs.plugin(), name="knobs")
     costs = {"O0": 1.0, "prepared": 3.0, "uncompiled": 2.0} if kept == "O0" else \
@@ -233,23 +237,22 @@ def test_the_model_kept_after_timing_runs_under_the_process_settings_it_was_time
                           sample_input=torch.randn(4, 32), timer=_timer(costs))
     record = next(p for p in result.passes if p.name == "turns_knobs")
     assert (record.status, record.detail.split(":")[0]) == ("skipped", "undone after timing")
-    assert knobs.values == {"process": "turned", "call": "default"}
-    [change] = [c for c in result.process_settings if c.name == "process knob"]
-    assert (change.before, change.after, change.scope) == ("default", "turned", "process")
-    assert change.why_process.endswith(
-        "the pass was undone, the setting stays (the kept model was timed under it)")
-    assert not [c for c in result.process_settings if c.name == "call knob"]
+    assert knobs.values == {"speed": "turned", "process": "default", "call": "default"}
+    [change] = [c for c in result.process_settings if "knob" in c.name]
+    assert (change.name, change.before, change.after, change.scope) == (
+        "speed knob", "default", "turned", "process")
+    assert change.why_process == "read once per process; the pass was undone, the setting " \
+                                 "stays (the kept model was timed under it)"
     assert result.restore_process_settings() == []
-    assert knobs.values["process"] == "default"
+    assert knobs.values["speed"] == "default"
 
 
-def test_a_pass_rolled_back_for_failing_puts_its_process_settings_back(
-        reload_plugins: None) -> None:
+def test_a_pass_rolled_back_for_failing_puts_every_setting_back(reload_plugins: None) -> None:
     knobs = _Knobs()
     torchbridge.register_plugin(knobs.plugin(fail=True), name="knobs")
     result = run_pipeline(torchbridge.get_backend("cpu"), _mlp(), "O2",
                           sample_input=torch.randn(4, 32),
                           timer=_timer({"O0": 1.0, "prepared": 3.0, "uncompiled": 2.0}))
     assert next(p for p in result.passes if p.name == "turns_knobs").status == "failed"
-    assert knobs.values == {"process": "default", "call": "default"}
+    assert knobs.values == dict.fromkeys(_Knobs.NAMES, "default")
     assert not [c for c in result.process_settings if "knob" in c.name]

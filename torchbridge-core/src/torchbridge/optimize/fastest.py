@@ -123,19 +123,18 @@ def keep_fastest(run: Run, baseline: nn.Module | None, timer: Timer, decide: boo
 
 
 # The candidates were timed in one process, under the process-wide settings the passes had
-# made (glibc's malloc thresholds, say): the kept one ran under them too. Put back, it would
-# no longer run as timed (seen: a model whose calls took 40 MiB, kept as O0, faulted 10241
-# pages a call once heap_reuse's M_MMAP_MAX was put back; timed, it had faulted none).
+# made: those that change how fast any model runs (ProcessSetting.kept_after_timing:
+# glibc's malloc) stay when their pass is undone, or the kept model would not run as timed.
 KEPT_AS_TIMED = "the kept model was timed under it"
 
 
 def _undo(run: Run, stop: Callable[[Any], bool] | None, why: str) -> list[str]:
     """Undo applied passes from the last: through the one `stop` matches, or (stop None)
-    every pass after placement (order above 0). Their records say so. Their settings of
-    scope "process" stay: KEPT_AS_TIMED."""
+    every pass after placement (order above 0). Their records say so. Their settings
+    declared kept_after_timing stay: KEPT_AS_TIMED."""
     undone: list[str] = []
     while run.applied and run.applied[-1].p.order > 0:
-        entry = run.undo_last(keep_process_settings=KEPT_AS_TIMED)
+        entry = run.undo_last(after_timing=KEPT_AS_TIMED)
         undone.append(entry.p.name)
         run.result.passes[entry.record] = PassRecord(
             entry.p.name, "skipped", f"undone after timing: {why}", entry.plugin,

@@ -362,13 +362,13 @@ class Run:
                   if process.differs(self.stayed[name].before, value)]
         return "; ".join(stayed) or None
 
-    def undo_last(self, keep_process_settings: str | None = None) -> _Applied:
-        """The last applied pass undone. `keep_process_settings`, a reason: its settings of
-        scope "process" stay as they are, and the report gives that reason."""
+    def undo_last(self, after_timing: str | None = None) -> _Applied:
+        """The last applied pass undone. `after_timing`, a reason: the timing undid it, and
+        its settings declared kept_after_timing stay, the report giving that reason."""
         self._unscope()
         entry = self.applied.pop()
-        entry.before.restore(process_settings=keep_process_settings is None)
-        self._note_stayed(entry.plugin, entry.p, entry.before.settings, keep_process_settings)
+        entry.before.restore(after_timing=after_timing is not None)
+        self._note_stayed(entry.plugin, entry.p, entry.before.settings, after_timing)
         self.work = entry.before.model
         self.output_check = entry.output_check
         return entry

@@ -45,6 +45,11 @@ class ProcessSetting:
     # Names of settings that change with this one (torch keeps TF32 in a legacy flag and
     # in fp32_precision): declaring this one declares those.
     covers: tuple[str, ...] = ()
+    # Scope "process" only. True: a setting that changes how fast any model of the process
+    # runs (glibc's malloc), so O0 and the uncompiled forward were timed under it too; when
+    # the timing keeps one of them and undoes the pass, the setting stays, or the kept
+    # model would not run as it was timed.
+    kept_after_timing: bool = False
 
 
 def attribute_setting(path: str, covers: tuple[str, ...] = ()) -> ProcessSetting:

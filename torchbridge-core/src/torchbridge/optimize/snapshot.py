@@ -263,10 +263,10 @@ class ModelSnapshot:
                 found.settings[name] = (setting, before, after)
         return found
 
-    def restore(self, *, process_settings: bool = True) -> None:
+    def restore(self, *, after_timing: bool = False) -> None:
         """The model and the watched settings exactly as they were; raises
-        SnapshotRestoreError when something could not be put back. `process_settings`
-        False: settings of scope "process" stay as they are now."""
+        SnapshotRestoreError when something could not be put back. `after_timing`: the
+        settings declared kept_after_timing stay as they are now."""
         problems: list[str] = []
         for _, module, cls, table, contents in self.modules:
             if module.__class__ is not cls:
@@ -284,7 +284,7 @@ class ModelSnapshot:
                 except Exception as exc:
                     problems.append(f"{record.name}: {type(exc).__name__}: {exc}")
         for name, (setting, before) in self.settings.items():
-            if not process_settings and setting.scope == "process":
+            if after_timing and setting.scope == "process" and setting.kept_after_timing:
                 continue
             if process.differs(before, process.read(setting)):
                 try:

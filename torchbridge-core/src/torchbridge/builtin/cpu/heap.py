@@ -139,8 +139,11 @@ def _setting(name: str, default: int | None) -> ProcessSetting:
     why = "glibc's malloc applies it to every allocation of the process" + (
         "" if default is not None else "; it has no call that puts its dynamic default "
         "back, so it stays set")
+    # kept_after_timing: O0, timed against the prepared model in the same process, ran
+    # under these settings too (a model whose calls took 40 MiB, kept as O0, faulted 10241
+    # pages a call once M_MMAP_MAX went back; timed, none).
     return ProcessSetting(f"glibc malloc {name}", lambda: _set.get(name, _DEFAULT), put_back,
-                          scope="process", why_process=why)
+                          scope="process", why_process=why, kept_after_timing=True)
 
 
 _PARAMS = {"M_TRIM_THRESHOLD": M_TRIM_THRESHOLD, "M_MMAP_THRESHOLD": M_MMAP_THRESHOLD,

@@ -419,6 +419,28 @@ def test_a_setting_that_stays_after_its_pass_is_undone_is_reported(
                                                  "setting stays)"]
 
 
+def test_a_setting_with_no_way_back_undone_by_the_timing_is_not_said_to_be_kept(
+        reload_plugins: None) -> None:
+    """Only a setting declared kept_after_timing stays because the kept model was timed
+    under it; one without a way back stays for that reason alone, and the report says
+    so."""
+    from torchbridge.optimize.pipeline import run_pipeline
+
+    knob = _Sticky()
+    torchbridge.register_plugin(_sticky_pass(knob, fail=False), name="sticky")
+
+    def o0_fastest(label: str, fn: Callable[[], Any]) -> float:
+        fn()
+        return 1.0 if label == "O0" else 2.0
+
+    result = run_pipeline(torchbridge.get_backend("cpu"), mlp(), "O2",
+                          sample_input=torch.randn(4, 16), timer=o0_fastest)
+    record = next(p for p in result.passes if p.name == "turns_knob")
+    assert record.status == "skipped" and record.detail.startswith("undone after timing")
+    [change] = [c for c in result.process_settings if c.name == "sticky knob"]
+    assert change.why_process == "it has no way back; the pass was undone, the setting stays"
+
+
 def test_a_failed_run_names_the_settings_that_stay(reload_plugins: None) -> None:
     from torchbridge.errors import ModelOptimizationError
     from torchbridge.optimize.pipeline import run_pipeline

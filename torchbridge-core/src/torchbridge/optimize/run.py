@@ -340,8 +340,8 @@ class Run:
                      saved: dict[str, tuple[process.ProcessSetting, Any]],
                      kept: str | None = None) -> None:
         """After `p` was rolled back or undone: of the settings `saved` holds with their
-        values before it, those not back to them (their setter left them as they were, or
-        `kept` says why they were left)."""
+        values before it, those not back to them (their setter left them as they were, or,
+        undone after timing, they are kept_after_timing: `kept` says why)."""
         for name, (setting, value) in saved.items():
             now = process.read(setting)
             if name in self.stayed or not process.differs(value, now):
@@ -350,7 +350,7 @@ class Run:
             self.stayed[name] = process.SettingChange(
                 name, value, now, "process", p.name, plugin,
                 f"{why}; the pass was undone, the setting stays"
-                + (f" ({kept})" if kept else ""), setting)
+                + (f" ({kept})" if kept and setting.kept_after_timing else ""), setting)
             logger.info("pass %s (plugin %s) undone; %s stays %r", p.name, plugin, name, now)
 
     def stayed_settings(self) -> str | None:

@@ -256,3 +256,79 @@ def test_a_pass_rolled_back_for_failing_puts_every_setting_back(reload_plugins: 
     assert next(p for p in result.passes if p.name == "turns_knobs").status == "failed"
     assert knobs.values == dict.fromkeys(_Knobs.NAMES, "default")
     assert not [c for c in result.process_settings if "knob" in c.name]
+
+
+def _speed_knob_passes(knobs: _Knobs, orders: dict[str, int]) -> Any:
+    """Passes that each set the speed knob (kept_after_timing) to their own name."""
+    from torchbridge.optimize.passes import OptimizationLevel, OptimizationPass
+
+    def setter(value: str) -> Any:
+        def turn(model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
+            knobs.values["speed"] = value
+            return model
+        return turn
+
+    class Plugin:
+        @torchbridge.hookimpl
+        def torchbridge_optimization_passes(self, backend: object, level: object
+                                            ) -> list[OptimizationPass]:
+            return [OptimizationPass(name, "sets the speed knob", OptimizationLevel.O2,
+                                     setter(name), order=order, mutates=False,
+                                     settings=(knobs.setting("speed"),))
+                    for name, order in orders.items()]
+    return Plugin()
+
+
+def test_two_undone_passes_on_one_setting_report_its_value_before_both(
+        reload_plugins: None) -> None:
+    knobs = _Knobs()
+    torchbridge.register_plugin(_speed_knob_passes(knobs, {"first": 45, "second": 95}),
+                                name="knobs")
+    result = run_pipeline(torchbridge.get_backend("cpu"), _mlp(), "O2",
+                          sample_input=torch.randn(4, 32),
+                          timer=_timer({"O0": 1.0, "prepared": 3.0, "uncompiled": 2.0}))
+    [change] = [c for c in result.process_settings if c.name == "speed knob"]
+    assert (change.before, change.after) == ("default", "second"), change
+    result.restore_process_settings()
+    assert knobs.values["speed"] == "default"
+
+
+def test_a_pass_kept_and_a_later_one_undone_on_one_setting_report_where_it_is(
+        reload_plugins: None) -> None:
+    """The uncompiled forward kept: the pass before compile stays applied, the one after
+    it is undone and leaves the setting at its value."""
+    knobs = _Knobs()
+    torchbridge.register_plugin(_speed_knob_passes(knobs, {"first": 45, "second": 95}),
+                                name="knobs")
+    result = run_pipeline(torchbridge.get_backend("cpu"), _mlp(), "O2",
+                          sample_input=torch.randn(4, 32),
+                          timer=_timer({"O0": 3.0, "prepared": 2.0, "uncompiled": 1.0}))
+    assert knobs.values["speed"] == "second"
+    [change] = [c for c in result.process_settings if c.name == "speed knob"]
+    assert (change.before, change.after, change.pass_name) == ("default", "second", "second")
+    assert change.why_process.endswith("(the kept model was timed under it)")
+
+
+def test_a_run_failing_after_the_timing_puts_back_what_the_timing_kept(
+        reload_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept for the model the timing kept; the run then failed (here its last check), so
+    no model is kept and the setting goes back, and the error names no setting."""
+    from torchbridge.errors import ModelOptimizationError
+    from torchbridge.optimize.run import Run
+
+    knobs = _Knobs()
+    torchbridge.register_plugin(knobs.plugin(), name="knobs")
+    check, calls = Run.final_check, []
+
+    def fails_after_the_timing(run: Run) -> None:
+        calls.append(1)
+        if len(calls) == 2:  # the first runs before the timing
+            raise RuntimeError("the last check broke")
+        check(run)
+    monkeypatch.setattr(Run, "final_check", fails_after_the_timing)
+    with pytest.raises(ModelOptimizationError) as caught:
+        run_pipeline(torchbridge.get_backend("cpu"), _mlp(), "O2",
+                     sample_input=torch.randn(4, 32),
+                     timer=_timer({"O0": 1.0, "prepared": 3.0, "uncompiled": 2.0}))
+    assert knobs.values == dict.fromkeys(_Knobs.NAMES, "default")
+    assert "the process-wide settings were put back as they were" in str(caught.value)

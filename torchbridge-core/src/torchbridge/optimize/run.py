@@ -149,6 +149,7 @@ class Run:
         # Settings a pass changed that stayed changed when the pass was rolled back or
         # undone (glibc's malloc thresholds have no way back): the report lists them.
         self.stayed: dict[str, process.SettingChange] = {}
+        self._stayed_order: dict[str, int] = {}  # the order of the pass each is recorded for
 
     # -- the passes ------------------------------------------------------------------------
     def run(self, plugin: str, p: OptimizationPass) -> None:
@@ -277,6 +278,7 @@ class Run:
         for name, change in self.stayed.items():  # their value now: a later pass may move it
             assert change.setting is not None
             changes[name] = dataclasses.replace(change, after=process.read(change.setting))
+        stayed = set(changes)
         for entry in self.applied:
             if not entry.effective:
                 continue
@@ -288,6 +290,12 @@ class Run:
                 if name in covered:
                     continue
                 first = changes.get(name)
+                if name in stayed and first is not None and \
+                        not process.differs(first.before, after):
+                    # An undone later pass left it (its value before was this pass's
+                    # after): that pass explains its value now, this one its value before.
+                    changes[name] = dataclasses.replace(first, before=before)
+                    continue
                 changes[name] = process.SettingChange(
                     name, first.before if first else before, after, setting.scope,
                     entry.p.name, entry.plugin, setting.why_process, setting)
@@ -344,13 +352,25 @@ class Run:
         undone after timing, they are kept_after_timing: `kept` says why)."""
         for name, (setting, value) in saved.items():
             now = process.read(setting)
-            if name in self.stayed or not process.differs(value, now):
+            if name in self.stayed:
+                if p.order < self._stayed_order[name]:
+                    # Undoing from the last: this pass ran before the one recorded, so its
+                    # value before is the earlier one.
+                    self._stayed_order[name] = p.order
+                    if process.differs(value, now):
+                        self.stayed[name] = dataclasses.replace(self.stayed[name],
+                                                                before=value)
+                    else:
+                        del self.stayed[name]
+                continue
+            if not process.differs(value, now):
                 continue
             why = setting.why_process or "it could not be put back"
+            self._stayed_order[name] = p.order
             self.stayed[name] = process.SettingChange(
                 name, value, now, "process", p.name, plugin,
                 f"{why}; the pass was undone, the setting stays"
-                + (f" ({kept})" if kept and setting.kept_after_timing else ""), setting)
+                + (f" ({kept})" if kept and setting.stays_after_timing else ""), setting)
             logger.info("pass %s (plugin %s) undone; %s stays %r", p.name, plugin, name, now)
 
     def stayed_settings(self) -> str | None:
@@ -374,7 +394,9 @@ class Run:
         return entry
 
     def undo_all(self) -> str | None:
-        """Every applied pass undone, in reverse order; what could not be, if anything."""
+        """Every applied pass undone, in reverse order, and the settings the timing left
+        for the model it kept put back (the run failed: no model is kept); what could not
+        be, if anything."""
         problems = []
         try:
             self._unscope()
@@ -390,6 +412,20 @@ class Run:
                 self._note_stayed(entry.plugin, entry.p, entry.before.settings)
             self.work = entry.before.model
             self.output_check = entry.output_check
+        for name, change in list(self.stayed.items()):
+            setting = change.setting
+            if setting is None or not setting.stays_after_timing:
+                continue
+            try:
+                process.put(setting, change.before)
+            except Exception as exc:
+                problems.append(f"{name}: {exc}")
+            if not process.differs(change.before, process.read(setting)):
+                del self.stayed[name]
+            else:  # its setter left it (a threshold glibc has no way back for)
+                why = setting.why_process or "it could not be put back"
+                self.stayed[name] = dataclasses.replace(
+                    change, why_process=f"{why}; the pass was undone, the setting stays")
         return "; ".join(problems) or None
 
 

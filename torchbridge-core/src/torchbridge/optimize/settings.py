@@ -51,6 +51,12 @@ class ProcessSetting:
     # model would not run as it was timed.
     kept_after_timing: bool = False
 
+    @property
+    def stays_after_timing(self) -> bool:
+        """Stays when the timing undoes its pass (kept_after_timing holds for scope
+        "process" only: a setting of scope "call" was never in force around O0)."""
+        return self.kept_after_timing and self.scope == "process"
+
 
 def attribute_setting(path: str, covers: tuple[str, ...] = ()) -> ProcessSetting:
     """A setting that is an attribute of a torch module, e.g.

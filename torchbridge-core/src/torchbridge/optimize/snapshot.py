@@ -284,7 +284,7 @@ class ModelSnapshot:
                 except Exception as exc:
                     problems.append(f"{record.name}: {type(exc).__name__}: {exc}")
         for name, (setting, before) in self.settings.items():
-            if after_timing and setting.scope == "process" and setting.kept_after_timing:
+            if after_timing and setting.stays_after_timing:
                 continue
             if process.differs(before, process.read(setting)):
                 try:

@@ -301,3 +301,22 @@ def test_a_meta_input_is_not_the_first_call_to_time_on(backend: Any) -> None:
     result.model(torch.randn(4, 32))  # the first real call is timed
     assert set(seen) == {"O0", "prepared", "uncompiled"}
     assert _not_replayable(({"a": [torch.ones(1), 2, None]},), {"b": "x"}) is None
+
+
+def test_strict_failure_at_the_first_call_leaves_no_setting_in_the_report(
+        monkeypatch: pytest.MonkeyPatch, reload_plugins: None) -> None:
+    """Every pass undone at the first call: the report's process-wide settings say how
+    they are then, not how prepare_model left them."""
+    from test_keep_fastest import _Knobs
+    from torchbridge.levels import LEVEL_TOLERANCE
+    monkeypatch.setitem(LEVEL_TOLERANCE, "O3", 1e-9)
+    knobs = _Knobs()
+    torchbridge.register_plugin(knobs.plugin(), name="knobs")
+    model, x = _mlp(), torch.randn(4, 32)
+    result = run_pipeline(torchbridge.get_backend("cpu"), model, "O3", strict=True,
+                          timer=_timer(PREPARED_FASTEST))
+    assert "speed knob" in {c.name for c in result.process_settings}
+    with pytest.raises(ModelOptimizationError, match="no drop-in for O0"):
+        result.model(x)
+    assert knobs.values == dict.fromkeys(_Knobs.NAMES, "default")
+    assert not [c for c in result.process_settings if "knob" in c.name]

@@ -332,3 +332,17 @@ def test_a_run_failing_after_the_timing_puts_back_what_the_timing_kept(
                      timer=_timer({"O0": 1.0, "prepared": 3.0, "uncompiled": 2.0}))
     assert knobs.values == dict.fromkeys(_Knobs.NAMES, "default")
     assert "the process-wide settings were put back as they were" in str(caught.value)
+
+
+def test_passes_of_equal_order_on_one_setting_are_told_apart_by_when_they_ran(
+        reload_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Passes of one order run by name; undone, the first gives the value before."""
+    knobs = _Knobs()
+    torchbridge.register_plugin(_speed_knob_passes(knobs, {"a": 95, "b": 95}), name="knobs")
+    timer = _timer({"O0": 1.0, "prepared": 3.0, "uncompiled": 2.0})
+    result = run_pipeline(torchbridge.get_backend("cpu"), _mlp(), "O2",
+                          sample_input=torch.randn(4, 32), timer=timer)
+    [change] = [c for c in result.process_settings if c.name == "speed knob"]
+    assert (change.before, change.after, change.pass_name) == ("default", "b", "b")
+    result.restore_process_settings()
+    assert knobs.values["speed"] == "default"

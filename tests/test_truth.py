@@ -358,8 +358,9 @@ class _Sticky:
     """A process-wide setting that takes a new value but cannot go back (as glibc's malloc
     thresholds): put back, it stays."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept_after_timing: bool = False) -> None:
         self.value = "default"
+        self.kept_after_timing = kept_after_timing
 
     def write(self, value: Any) -> None:
         if value != "default":
@@ -369,7 +370,8 @@ class _Sticky:
         from torchbridge.optimize.settings import ProcessSetting
 
         return ProcessSetting("sticky knob", lambda: self.value, self.write, scope="process",
-                              why_process="it has no way back")
+                              why_process="it has no way back",
+                              kept_after_timing=self.kept_after_timing)
 
 
 def _sticky_pass(knob: _Sticky, fail: bool) -> Any:
@@ -458,3 +460,63 @@ def test_a_failed_run_names_the_settings_that_stay(reload_plugins: None) -> None
     assert "the model was put back as it was, and the process-wide settings too, except: " \
            "sticky knob stays 'turned' (it has no way back; the pass was undone, the " \
            "setting stays)" in str(caught.value)
+
+
+def _knob_passes(knob: _Sticky, steps: dict[str, tuple[int, str, bool]]) -> Any:
+    """Passes named by `steps`: (order, the value each sets the knob to, whether it then
+    raises)."""
+    def step(value: str, fail: bool) -> Any:
+        def apply(model: nn.Module, ctx: Any) -> nn.Module:
+            knob.value = value  # directly: a pass may set it back where write() cannot
+            if fail:
+                raise RuntimeError("gave up after turning the knob")
+            return model
+        return apply
+
+    class Plugin:
+        @torchbridge.hookimpl
+        def torchbridge_optimization_passes(self, backend: object, level: object
+                                            ) -> list[OptimizationPass]:
+            return [OptimizationPass(name, "turns a knob", OptimizationLevel.O2,
+                                     step(value, fail), order=order, mutates=False,
+                                     settings=(knob.setting(),))
+                    for name, (order, value, fail) in steps.items()]
+    return Plugin()
+
+
+def _o0_fastest(label: str, fn: Callable[[], Any]) -> float:
+    fn()
+    return 1.0 if label == "O0" else 2.0
+
+
+def test_a_later_pass_setting_back_what_a_failed_one_left_leaves_nothing_to_report(
+        reload_plugins: None) -> None:
+    from torchbridge.optimize.pipeline import run_pipeline
+
+    knob = _Sticky()
+    torchbridge.register_plugin(_knob_passes(knob, {"leaves": (45, "turned", True),
+                                                    "resets": (46, "default", False)}),
+                                name="sticky")
+    result = run_pipeline(torchbridge.get_backend("cpu"), mlp(), "O2",
+                          sample_input=torch.randn(4, 16))
+    assert knob.value == "default"
+    assert not [c for c in result.process_settings if c.name == "sticky knob"]
+
+
+def test_a_pass_undone_by_the_timing_after_a_failed_one_is_the_one_named(
+        reload_plugins: None) -> None:
+    """A failed pass left the knob turned; a later pass moved it on and the timing undid
+    it, keeping its value (kept_after_timing): the report names the later pass."""
+    from torchbridge.optimize.pipeline import run_pipeline
+
+    knob = _Sticky(kept_after_timing=True)
+    torchbridge.register_plugin(_knob_passes(knob, {"leaves": (45, "turned", True),
+                                                    "moves_on": (95, "further", False)}),
+                                name="sticky")
+    result = run_pipeline(torchbridge.get_backend("cpu"), mlp(), "O2",
+                          sample_input=torch.randn(4, 16), timer=_o0_fastest)
+    assert knob.value == "further"
+    [change] = [c for c in result.process_settings if c.name == "sticky knob"]
+    assert (change.before, change.after, change.pass_name) == ("default", "further",
+                                                               "moves_on")
+    assert change.why_process.endswith("(the kept model was timed under it)")

@@ -222,6 +222,7 @@ def _decide(run: Run, baseline: nn.Module | None, timer: Timer, args: tuple[Any,
     except ModelOptimizationError:
         if run.strict:
             leftover = run.undo_all()  # the model as given, not an unchecked prepared one
+            run.settle_settings()  # the report's process-wide settings: as they are now
             result.notes.append("first call: the prepared model failed its check on the "
                                 "call's input (strict): every pass undone"
                                 + (f", except: {leftover}" if leftover else ""))

@@ -149,7 +149,10 @@ class Run:
         # Settings a pass changed that stayed changed when the pass was rolled back or
         # undone (glibc's malloc thresholds have no way back): the report lists them.
         self.stayed: dict[str, process.SettingChange] = {}
-        self._stayed_order: dict[str, int] = {}  # the order of the pass each is recorded for
+        # For each: the record index (the sequence passes ran in) of the first and the
+        # last pass it is recorded for: the first gives its value before, the last its
+        # value now and the pass named.
+        self._stayed_span: dict[str, tuple[int, int]] = {}
 
     # -- the passes ------------------------------------------------------------------------
     def run(self, plugin: str, p: OptimizationPass) -> None:
@@ -206,7 +209,7 @@ class Run:
                 raise ModelOptimizationError(
                     f"pass {p.name!r} (plugin {plugin}) failed ({type(exc).__name__}: "
                     f"{exc}) and {restore_error}") from exc
-            self._note_stayed(plugin, p, before.settings)
+            self._note_stayed(plugin, p, before.settings, len(result.passes))
             self.last, self.unchanged = before, {id(r.tensor) for r in before.tensors}
             if is_fatal(exc):
                 raise
@@ -266,7 +269,7 @@ class Run:
                     process.put(setting, before)
             self._note_stayed(entry.plugin, entry.p, {
                 name: (setting, before)
-                for name, (setting, before, _) in entry.changes.settings.items()})
+                for name, (setting, before, _) in entry.changes.settings.items()}, entry.record)
             if entry.changes.model:
                 self.result.notes.append(f"{entry.p.name}: its changes to the model stay "
                                          f"({entry.changes.describe()})")
@@ -274,11 +277,13 @@ class Run:
     def settle_settings(self) -> None:
         """The process-wide settings the applied passes changed, in the report; those torch
         reads at call time put back and set around each call of the prepared model."""
-        changes: dict[str, process.SettingChange] = {}
+        # Each change with the span of passes it covers: the earliest gives the value
+        # before, the latest the value now and the pass named.
+        found: list[tuple[tuple[int, int], process.SettingChange]] = []
         for name, change in self.stayed.items():  # their value now: a later pass may move it
             assert change.setting is not None
-            changes[name] = dataclasses.replace(change, after=process.read(change.setting))
-        stayed = set(changes)
+            found.append((self._stayed_span[name],
+                          dataclasses.replace(change, after=process.read(change.setting))))
         for entry in self.applied:
             if not entry.effective:
                 continue
@@ -286,19 +291,22 @@ class Run:
             # allow_tf32) follows it: reported and scoped through the declared one.
             covered = process.declared_names(entry.p.settings) - {
                 s.name for s in entry.p.settings}
-            for name, (setting, before, after) in entry.changes.settings.items():
-                if name in covered:
-                    continue
-                first = changes.get(name)
-                if name in stayed and first is not None and \
-                        not process.differs(first.before, after):
-                    # An undone later pass left it (its value before was this pass's
-                    # after): that pass explains its value now, this one its value before.
-                    changes[name] = dataclasses.replace(first, before=before)
-                    continue
-                changes[name] = process.SettingChange(
-                    name, first.before if first else before, after, setting.scope,
-                    entry.p.name, entry.plugin, setting.why_process, setting)
+            found += [((entry.record, entry.record), process.SettingChange(
+                name, before, after, setting.scope, entry.p.name, entry.plugin,
+                setting.why_process, setting))
+                for name, (setting, before, after) in entry.changes.settings.items()
+                if name not in covered]
+        changes: dict[str, process.SettingChange] = {}
+        spans: dict[str, tuple[int, int]] = {}
+        for (first, last), change in found:
+            name = change.name
+            if name not in changes:
+                changes[name], spans[name] = change, (first, last)
+                continue
+            (first0, last0), now = spans[name], changes[name]
+            changes[name] = dataclasses.replace(change if last > last0 else now,
+                                                before=(change if first < first0 else now).before)
+            spans[name] = (min(first, first0), max(last, last0))
         kept = [c for c in changes.values() if process.differs(c.before, c.after)]
         self.result.process_settings = kept
         scoped = [c for c in kept if c.scope == "call"]
@@ -345,33 +353,37 @@ class Run:
             self.scoping = None
 
     def _note_stayed(self, plugin: str, p: OptimizationPass,
-                     saved: dict[str, tuple[process.ProcessSetting, Any]],
+                     saved: dict[str, tuple[process.ProcessSetting, Any]], record: int,
                      kept: str | None = None) -> None:
-        """After `p` was rolled back or undone: of the settings `saved` holds with their
-        values before it, those not back to them (their setter left them as they were, or,
-        undone after timing, they are kept_after_timing: `kept` says why)."""
+        """After `p` (its record index: when it ran) was rolled back or undone: of the
+        settings `saved` holds with their values before it, those not back to them (their
+        setter left them as they were, or, undone after timing, they are
+        kept_after_timing: `kept` says why)."""
         for name, (setting, value) in saved.items():
             now = process.read(setting)
-            if name in self.stayed:
-                if p.order < self._stayed_order[name]:
-                    # Undoing from the last: this pass ran before the one recorded, so its
-                    # value before is the earlier one.
-                    self._stayed_order[name] = p.order
-                    if process.differs(value, now):
-                        self.stayed[name] = dataclasses.replace(self.stayed[name],
-                                                                before=value)
-                    else:
-                        del self.stayed[name]
+            why = f"{setting.why_process or 'it could not be put back'}; the pass was " \
+                  "undone, the setting stays" + (
+                      f" ({kept})" if kept and setting.stays_after_timing else "")
+            change = self.stayed.get(name)
+            if change is None:
+                if process.differs(value, now):
+                    self._stayed_span[name] = (record, record)
+                    self.stayed[name] = process.SettingChange(
+                        name, value, now, "process", p.name, plugin, why, setting)
+                    logger.info("pass %s (plugin %s) undone; %s stays %r", p.name, plugin,
+                                name, now)
                 continue
-            if not process.differs(value, now):
-                continue
-            why = setting.why_process or "it could not be put back"
-            self._stayed_order[name] = p.order
-            self.stayed[name] = process.SettingChange(
-                name, value, now, "process", p.name, plugin,
-                f"{why}; the pass was undone, the setting stays"
-                + (f" ({kept})" if kept and setting.stays_after_timing else ""), setting)
-            logger.info("pass %s (plugin %s) undone; %s stays %r", p.name, plugin, name, now)
+            first, last = self._stayed_span[name]
+            if record < first:  # undoing from the last: its value before is the earlier
+                change, first = dataclasses.replace(change, before=value), record
+            elif record > last and process.differs(value, now):  # it left the value now
+                change = process.SettingChange(name, change.before, now, "process", p.name,
+                                               plugin, why, setting)
+                last = record
+            if process.differs(change.before, now):
+                self.stayed[name], self._stayed_span[name] = change, (first, last)
+            else:
+                del self.stayed[name]
 
     def stayed_settings(self) -> str | None:
         """The settings that stay changed after undoing (their value now), or None."""
@@ -388,7 +400,8 @@ class Run:
         self._unscope()
         entry = self.applied.pop()
         entry.before.restore(after_timing=after_timing is not None)
-        self._note_stayed(entry.plugin, entry.p, entry.before.settings, after_timing)
+        self._note_stayed(entry.plugin, entry.p, entry.before.settings, entry.record,
+                          after_timing)
         self.work = entry.before.model
         self.output_check = entry.output_check
         return entry
@@ -409,7 +422,7 @@ class Run:
             except SnapshotRestoreError as exc:
                 problems.append(f"after pass {entry.p.name} (plugin {entry.plugin}): {exc}")
             else:
-                self._note_stayed(entry.plugin, entry.p, entry.before.settings)
+                self._note_stayed(entry.plugin, entry.p, entry.before.settings, entry.record)
             self.work = entry.before.model
             self.output_check = entry.output_check
         for name, change in list(self.stayed.items()):

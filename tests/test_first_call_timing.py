@@ -320,3 +320,35 @@ def test_strict_failure_at_the_first_call_leaves_no_setting_in_the_report(
         result.model(x)
     assert knobs.values == dict.fromkeys(_Knobs.NAMES, "default")
     assert not [c for c in result.process_settings if "knob" in c.name]
+
+
+def test_a_setting_with_no_way_back_stays_in_the_report_after_a_strict_failure(
+        monkeypatch: pytest.MonkeyPatch, reload_plugins: None) -> None:
+    """As the XLA cache folder of the TPU plugin: a setting its pass cannot put back."""
+    from torchbridge import OptimizationLevel, OptimizationPass
+    from torchbridge.levels import LEVEL_TOLERANCE
+    from torchbridge.optimize.settings import ProcessSetting
+    monkeypatch.setitem(LEVEL_TOLERANCE, "O3", 1e-9)
+    knob = {"value": "default"}
+    setting = ProcessSetting("one-way knob", lambda: knob["value"], None, scope="process",
+                             why_process="it has no way back")
+
+    def turn(model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
+        knob["value"] = "turned"
+        return model
+
+    class Plugin:
+        @torchbridge.hookimpl
+        def torchbridge_optimization_passes(self, backend: object, level: object
+                                            ) -> list[OptimizationPass]:
+            return [OptimizationPass("one_way", "turns a knob", OptimizationLevel.O2, turn,
+                                     order=95, mutates=False, settings=(setting,))]
+    torchbridge.register_plugin(Plugin(), name="one_way")
+    result = run_pipeline(torchbridge.get_backend("cpu"), _mlp(), "O3", strict=True,
+                          timer=_timer(PREPARED_FASTEST))
+    with pytest.raises(ModelOptimizationError, match="no drop-in for O0"):
+        result.model(torch.randn(4, 32))
+    assert knob["value"] == "turned"
+    [change] = [c for c in result.process_settings if c.name == "one-way knob"]
+    assert (change.before, change.after) == ("default", "turned")
+    assert any("one-way knob" in n for n in result.notes), result.notes

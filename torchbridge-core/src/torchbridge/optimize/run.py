@@ -421,8 +421,9 @@ class Run:
                 entry.before.restore()
             except SnapshotRestoreError as exc:
                 problems.append(f"after pass {entry.p.name} (plugin {entry.plugin}): {exc}")
-            else:
-                self._note_stayed(entry.plugin, entry.p, entry.before.settings, entry.record)
+            # Also after a restore that failed (it puts back all it can): a setting with no
+            # way back stays in the report.
+            self._note_stayed(entry.plugin, entry.p, entry.before.settings, entry.record)
             self.work = entry.before.model
             self.output_check = entry.output_check
         for name, change in list(self.stayed.items()):

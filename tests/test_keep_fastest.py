@@ -279,34 +279,25 @@ def _speed_knob_passes(knobs: _Knobs, orders: dict[str, int]) -> Any:
     return Plugin()
 
 
-def test_two_undone_passes_on_one_setting_report_its_value_before_both(
-        reload_plugins: None) -> None:
+@pytest.mark.parametrize("kept", ["O0", "uncompiled"])
+def test_two_passes_on_one_setting_report_its_value_before_both_and_now(
+        kept: str, reload_plugins: None) -> None:
+    """O0 kept: both passes undone, from the last. The uncompiled forward kept: the pass
+    before compile stays applied, the one after it is undone. Either way the setting is at
+    the second pass's value, which the report gives beside its value before the first."""
     knobs = _Knobs()
     torchbridge.register_plugin(_speed_knob_passes(knobs, {"first": 45, "second": 95}),
                                 name="knobs")
+    costs = {"O0": 1.0, "prepared": 3.0, "uncompiled": 2.0} if kept == "O0" else \
+        {"O0": 3.0, "prepared": 2.0, "uncompiled": 1.0}
     result = run_pipeline(torchbridge.get_backend("cpu"), _mlp(), "O2",
-                          sample_input=torch.randn(4, 32),
-                          timer=_timer({"O0": 1.0, "prepared": 3.0, "uncompiled": 2.0}))
-    [change] = [c for c in result.process_settings if c.name == "speed knob"]
-    assert (change.before, change.after) == ("default", "second"), change
-    result.restore_process_settings()
-    assert knobs.values["speed"] == "default"
-
-
-def test_a_pass_kept_and_a_later_one_undone_on_one_setting_report_where_it_is(
-        reload_plugins: None) -> None:
-    """The uncompiled forward kept: the pass before compile stays applied, the one after
-    it is undone and leaves the setting at its value."""
-    knobs = _Knobs()
-    torchbridge.register_plugin(_speed_knob_passes(knobs, {"first": 45, "second": 95}),
-                                name="knobs")
-    result = run_pipeline(torchbridge.get_backend("cpu"), _mlp(), "O2",
-                          sample_input=torch.randn(4, 32),
-                          timer=_timer({"O0": 3.0, "prepared": 2.0, "uncompiled": 1.0}))
+                          sample_input=torch.randn(4, 32), timer=_timer(costs))
     assert knobs.values["speed"] == "second"
     [change] = [c for c in result.process_settings if c.name == "speed knob"]
     assert (change.before, change.after, change.pass_name) == ("default", "second", "second")
     assert change.why_process.endswith("(the kept model was timed under it)")
+    result.restore_process_settings()
+    assert knobs.values["speed"] == "default"
 
 
 def test_a_run_failing_after_the_timing_puts_back_what_the_timing_kept(

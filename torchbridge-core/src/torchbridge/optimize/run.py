@@ -361,9 +361,7 @@ class Run:
         kept_after_timing: `kept` says why)."""
         for name, (setting, value) in saved.items():
             now = process.read(setting)
-            why = f"{setting.why_process or 'it could not be put back'}; the pass was " \
-                  "undone, the setting stays" + (
-                      f" ({kept})" if kept and setting.stays_after_timing else "")
+            why = _stays_why(setting, kept)
             change = self.stayed.get(name)
             if change is None:
                 if process.differs(value, now):
@@ -437,10 +435,17 @@ class Run:
             if not process.differs(change.before, process.read(setting)):
                 del self.stayed[name]
             else:  # its setter left it (a threshold glibc has no way back for)
-                why = setting.why_process or "it could not be put back"
-                self.stayed[name] = dataclasses.replace(
-                    change, why_process=f"{why}; the pass was undone, the setting stays")
+                self.stayed[name] = dataclasses.replace(change,
+                                                        why_process=_stays_why(setting))
         return "; ".join(problems) or None
+
+
+def _stays_why(setting: process.ProcessSetting, kept: str | None = None) -> str:
+    """Why a setting stays after its pass was undone: `kept`, the reason it was left on
+    purpose (the timing kept a model timed under it), where it stays_after_timing."""
+    why = setting.why_process or "it could not be put back"
+    return f"{why}; the pass was undone, the setting stays" + (
+        f" ({kept})" if kept and setting.stays_after_timing else "")
 
 
 def _copy_state(state: dict[str, Any]) -> dict[str, Any]:

@@ -520,3 +520,98 @@ def test_a_pass_undone_by_the_timing_after_a_failed_one_is_the_one_named(
     assert (change.before, change.after, change.pass_name) == ("default", "further",
                                                                "moves_on")
     assert change.why_process.endswith("(the kept model was timed under it)")
+
+
+class _Dial:
+    """A setting torch would read at each op (scope "call"), with a way back."""
+
+    def __init__(self) -> None:
+        self.value = "default"
+
+    def setting(self) -> Any:
+        from torchbridge.optimize.settings import ProcessSetting
+
+        def write(value: Any) -> None:
+            self.value = value
+        return ProcessSetting("call dial", lambda: self.value, write, scope="call")
+
+
+def _dial_passes(dial: _Dial, seen: list[str]) -> Any:
+    """"sets_dial" turns the dial to "a" and is found without effect at the end;
+    "moves_dial", later, turns it to "b" and records what the model's call sees."""
+    def turn(value: str) -> Any:
+        def apply(model: nn.Module, ctx: Any) -> nn.Module:
+            dial.value = value
+            return model
+        return apply
+
+    class Seeing(nn.Module):
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(dial.value)
+            out: torch.Tensor = self.inner(x)
+            return out
+
+    def move(model: nn.Module, ctx: Any) -> nn.Module:
+        dial.value = "b"
+        return Seeing(model)
+
+    class Plugin:
+        @torchbridge.hookimpl
+        def torchbridge_optimization_passes(self, backend: object, level: object
+                                            ) -> list[OptimizationPass]:
+            return [
+                OptimizationPass("sets_dial", "turns a dial", OptimizationLevel.O1,
+                                 turn("a"), order=95, mutates=False,
+                                 settings=(dial.setting(),),
+                                 effect=lambda m, ctx: "nothing used the dial"),
+                OptimizationPass("moves_dial", "turns the dial on", OptimizationLevel.O1,
+                                 move, order=96, settings=(dial.setting(),))]
+    return Plugin()
+
+
+@pytest.mark.parametrize("final_check_undoes", [False, True])
+def test_a_setting_of_a_pass_without_effect_that_a_later_pass_moved(
+        final_check_undoes: bool, reload_plugins: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass found without effect at the end is as if it had not run: a setting of scope
+    "call" that a later pass moved on is that pass's, scoped around calls, and goes back
+    to its value before both when that pass is undone too."""
+    from torchbridge.optimize import run as run_module
+
+    dial, seen = _Dial(), []
+    torchbridge.register_plugin(_dial_passes(dial, seen), name="dials")
+    if final_check_undoes:  # the end-to-end check finds the model off while moves_dial holds
+        verify, final = run_module._verify, run_module.Run.final_check
+        checking: list[Any] = []
+
+        def off_at_b(*args: Any, **kwargs: Any) -> Any:
+            if checking and any(e.p.name == "moves_dial" for e in checking[0].applied):
+                raise run_module._Unverified("off")
+            return verify(*args, **kwargs)
+
+        def final_check(self: Any) -> None:
+            checking.append(self)
+            final(self)
+        monkeypatch.setattr(run_module, "_verify", off_at_b)
+        monkeypatch.setattr(run_module.Run, "final_check", final_check)
+    x = torch.randn(4, 16)
+    result = torchbridge.get_backend("cpu").optimize(mlp(), "O1", sample_input=x)
+    records = {p.name: p for p in result.passes}
+    assert (records["sets_dial"].status, records["sets_dial"].detail) == (
+        "skipped", "no effect: nothing used the dial")
+    assert dial.value == "default"
+    changes = [c for c in result.process_settings if c.name == "call dial"]
+    if final_check_undoes:
+        assert records["moves_dial"].status == "failed"
+        assert changes == []
+        return
+    [change] = changes
+    assert (change.before, change.after, change.scope, change.pass_name) == (
+        "default", "b", "call", "moves_dial")
+    seen.clear()
+    result.model(x)
+    assert seen == ["b"] and dial.value == "default"

@@ -264,15 +264,38 @@ class Run:
             entry.effective = False
             self.result.passes[entry.record] = PassRecord(
                 entry.p.name, "skipped", f"no effect: {missing}", entry.plugin)
-            for _, (setting, before, after) in entry.changes.settings.items():
-                if not process.differs(process.read(setting), after):
+            handed = {name for name, (_, before, after) in entry.changes.settings.items()
+                      if self._hand_over(entry, name, before, after)}
+            for name, (setting, before, after) in entry.changes.settings.items():
+                if name not in handed and not process.differs(process.read(setting), after):
                     process.put(setting, before)
             self._note_stayed(entry.plugin, entry.p, {
                 name: (setting, before)
-                for name, (setting, before, _) in entry.changes.settings.items()}, entry.record)
+                for name, (setting, before, _) in entry.changes.settings.items()
+                if name not in handed}, entry.record)
             if entry.changes.model:
                 self.result.notes.append(f"{entry.p.name}: its changes to the model stay "
                                          f"({entry.changes.describe()})")
+
+    def _hand_over(self, entry: _Applied, name: str, before: Any, after: Any) -> bool:
+        """A pass found without effect is as if it had not run: where a later applied pass
+        moved on the setting `name` it had set (`before` -> `after`), that pass owns it,
+        and the passes from this one to it, which saved `after` as their value before,
+        put back `before` when undone (a setting of scope "call", left as this pass's
+        value process-wide when the later pass was undone, had leaked out of the scope
+        around calls). False where no later applied pass moved it."""
+        later = [other for other in self.applied if other.record > entry.record]
+        owner = next((other for other in later if name in other.changes.settings), None)
+        if owner is None:
+            return False
+        for other in later[:later.index(owner) + 1]:
+            saved = other.before.settings.get(name)
+            if saved is not None and not process.differs(saved[1], after):
+                other.before.settings[name] = (saved[0], before)
+        setting, moved_from, now = owner.changes.settings[name]
+        if not process.differs(moved_from, after):
+            owner.changes.settings[name] = (setting, before, now)
+        return True
 
     def settle_settings(self) -> None:
         """The process-wide settings the applied passes changed, in the report; those torch

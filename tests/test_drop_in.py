@@ -249,6 +249,30 @@ def test_drift_sees_dataclass_fields_and_python_numbers() -> None:
         output_drift(t, t.bfloat16())
 
 
+_INF, _NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize(("reference", "candidate", "expected"), [
+    ([1.0, -4.0, 2.0], [1.5, -4.0, 2.0], (0.5, 0.125)),  # finite: the two-reduction path
+    ([0.0, 0.0], [0.0, 0.25], (0.25, 0.25)),  # a zero reference: the absolute figure
+    ([1.0, _NAN, 2.0], [1.5, _NAN, 2.0], (0.5, 0.25)),  # NaN in both: no difference
+    ([1.0, _INF, 2.0], [1.0, _INF, 3.0], (1.0, 0.5)),  # the scale from finite values only
+    ([1.0, 2.0], [1.0, _NAN], (_INF, _INF)),  # NaN in the candidate only
+    ([1.0, 2.0], [-_INF, 2.0], (_INF, _INF)),  # an infinity in the candidate only
+    ([3e38, 1.0], [-3e38, 1.0], (_INF, _INF)),  # a difference beyond float32
+])
+def test_drift_of_tensors_with_and_without_nan_and_infinities(
+        reference: list[float], candidate: list[float], expected: tuple[float, float]
+        ) -> None:
+    from torchbridge.optimize.measure import tensor_drift
+
+    for dtype in (torch.float32, torch.bfloat16):
+        ref, cand = torch.tensor(reference, dtype=dtype), torch.tensor(candidate, dtype=dtype)
+        if dtype == torch.bfloat16 and max(map(abs, reference + candidate)) > 1e30:
+            continue  # bfloat16's range reaches 3e38: the case is float32's
+        assert tensor_drift(ref, cand) == pytest.approx(expected), dtype
+
+
 def test_a_model_that_cannot_be_deep_copied() -> None:
     model = nn.Sequential(nn.Linear(4, 4)).eval()
     model.lock = threading.Lock()  # deepcopy raises on locks

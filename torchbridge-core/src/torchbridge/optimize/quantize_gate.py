@@ -102,13 +102,34 @@ def _floating(output: Any) -> list[torch.Tensor]:
     return [t.detach().float().cpu() for t in trees.tensors(output) if t.is_floating_point()]
 
 
+# The gate checks the outputs after every pass that follows quantization and once more at
+# the end: a Llama's logits (4 x 128 x 16384) took 0.24 s a check with masks of finite
+# values built every time, 0.08 s with them built only where a value is not finite.
+def _largest(t: torch.Tensor) -> float:
+    """The largest magnitude in `t` (NaN when it holds a NaN), one pass, no copy."""
+    return float(torch.linalg.vector_norm(t, ord=math.inf))
+
+
+def _finite(t: torch.Tensor) -> bool:
+    return math.isfinite(_largest(t))
+
+
+def _largest_finite(t: torch.Tensor) -> float:
+    largest = _largest(t)
+    if math.isfinite(largest):
+        return largest
+    finite = t[torch.isfinite(t)]
+    return _largest(finite) if finite.numel() else 0.0
+
+
 def _cosine(ref: torch.Tensor, out: torch.Tensor) -> float:
     """Cosine of two same-shape tensors, flattened, in float64. Positions where both hold
     the same non-finite value (NaN in both, the same infinity) are left out, as the drift
     check leaves them; a non-finite value in one only makes the cosine NaN (a failure)."""
+    finite_both = _finite(ref) and _finite(out)
     a, b = ref.flatten().double(), out.flatten().double()
-    finite = torch.isfinite(a) & torch.isfinite(b)
-    if not bool(finite.all()):
+    if not finite_both:
+        finite = torch.isfinite(a) & torch.isfinite(b)
         same = (a == b) | (torch.isnan(a) & torch.isnan(b))
         if not bool((finite | same).all()):
             return math.nan
@@ -136,13 +157,12 @@ def accuracy(reference: Any, output: Any) -> tuple[float, float | None]:
     # head, a loss of 0) has no direction to compare: quantization noise alone would give
     # it cosine 0, or -1 for a scalar. It counts as kept when the quantized one is as
     # small.
-    finite = [t[torch.isfinite(t)] for t in ref]
-    scale = max((float(t.abs().max()) for t in finite if t.numel()), default=0.0)
+    scale = max((_largest_finite(t) for t in ref if t.numel()), default=0.0)
 
     def negligible(r: torch.Tensor, o: torch.Tensor) -> bool:
         small = 1e-6 * scale
-        return bool(r.numel() == 0 or (torch.isfinite(o).all()
-                                       and r.abs().max() <= small and o.abs().max() <= 1e3 * small))
+        return bool(r.numel() == 0 or (_largest(r) <= small and torch.isfinite(o).all()
+                                       and _largest(o) <= 1e3 * small))
 
     cosines = [_cosine(r, o) for r, o in zip(ref, out, strict=True) if not negligible(r, o)]
     cosine = math.nan if any(math.isnan(c) for c in cosines) else min(cosines, default=1.0)

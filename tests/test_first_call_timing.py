@@ -81,7 +81,9 @@ def test_the_prepared_model_is_kept_and_timing_happens_once(backend: Any) -> Non
     prepared = result.model
     first = prepared(x)
     timed = len(seen)
-    assert timed >= 9 and set(seen) == {"O0", "prepared", "uncompiled"}
+    # Two rounds of all three; O0 and the uncompiled forward, each over 1.5x the prepared
+    # model's in both, sit out the third.
+    assert seen[6:] == ["prepared"] and set(seen) == {"O0", "prepared", "uncompiled"}
     assert "compile" in result.optimizations_applied and result.speedup == 3.0
     state = compile_state(prepared)
     assert state is not None and state.error is None

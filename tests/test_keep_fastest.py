@@ -153,6 +153,20 @@ def test_a_candidate_far_behind_sits_out_a_close_race() -> None:
     assert seen.count("O0") == seen.count("a") == 5
 
 
+@pytest.mark.parametrize(("costs", "rounds"), [
+    ({"O0": 2.0, "a": 1.0, "b": 1.01}, 3),  # O0 out of the race: a and b close, 3 rounds
+    ({"O0": 1.01, "a": 1.0, "b": 2.0}, 9),  # O0 in the close race: up to max_repeats
+])
+def test_a_close_race_gets_extra_rounds_only_while_the_baseline_is_in_it(
+        costs: dict[str, float], rounds: int) -> None:
+    from torchbridge.optimize.measure import round_robin
+
+    seen: list[str] = []
+    round_robin({label: (lambda: None) for label in costs}, _timer(costs, seen), warmup=0,
+                repeats=3, max_repeats=9, min_seconds=0.0, baseline="O0")
+    assert max(seen.count(label) for label in costs) == rounds
+
+
 @pytest.mark.parametrize("spiked", ["O0", "a"])
 def test_one_noisy_sample_puts_no_candidate_out_of_the_race(spiked: str) -> None:
     """Out of the race after two rounds takes every sample of a candidate over 1.5x

@@ -27,7 +27,7 @@ logger = logging.getLogger("torchbridge.optimize.pipeline")
 
 # Few calls of the model when one candidate is clearly the fastest: a warm-up round, then 3
 # timed rounds (12 calls for 3 candidates), up to 9 rounds while the two fastest are within
-# 10%: timing stays a small part of preparing (a first call users wait for), and a close
+# 10% and O0 is still in the race (round_robin's baseline): timing stays a small part of preparing (a first call users wait for), and a close
 # race gets a median that one noisy sample does not decide (Llama, compiled 20 ms against
 # 24 ms uncompiled, once timed the other way round on 2 samples). At least 0.1 s of
 # samples, for models that run in microseconds (up to 300 rounds). It was 0.3 s, which made
@@ -74,7 +74,7 @@ def time_candidates(run: Run, baseline: nn.Module | None, timer: Timer) -> dict[
             model.eval()
         return round_robin(candidates, timer, warmup=WARMUP, repeats=REPEATS,
                            max_repeats=MAX_REPEATS, min_seconds=MIN_SECONDS, margin=MARGIN,
-                           inference_mode=False)
+                           inference_mode=False, baseline="O0")
 
 
 def _applied(run: Run, name: str) -> bool:

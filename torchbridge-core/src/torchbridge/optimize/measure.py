@@ -164,7 +164,8 @@ OUT_OF_RACE = 1.5
 
 def round_robin(candidates: dict[str, Callable[[], Any]], timer: Timer, *, warmup: int = 3,
                 repeats: int = 10, min_seconds: float = 0.2, max_repeats: int | None = None,
-                margin: float = 0.05, inference_mode: bool = True) -> dict[str, float]:
+                margin: float = 0.05, inference_mode: bool = True,
+                baseline: str | None = None) -> dict[str, float]:
     """Median seconds of each candidate, sampled round-robin so that drift in machine state
     (thread pools waking, caches, frequency, a noisy neighbour) falls on all alike.
     Sampling goes on past `repeats` rounds until the samples add up to `min_seconds`
@@ -186,6 +187,12 @@ def round_robin(candidates: dict[str, Callable[[], Any]], timer: Timer, *, warmu
     race between 7.5 ms compiled and 8.0 ms uncompiled). After two rounds, one whose
     every sample is OUT_OF_RACE times another's slowest already sits out the rest (O0 at
     222 ms a call against 64 ms compiled: a Llama's first call one O0 call shorter).
+
+    `baseline` (with `max_repeats`), the candidate the others are to beat: once it is out
+    of the race, `repeats` rounds decide among the rest, close or not. What they then
+    choose between is a few percent of a call, all of them well ahead of the baseline; the
+    extra rounds each cost a call of every one left (BERT at twice the suite's width, 42 ms
+    compiled against 46 ms uncompiled: six extra rounds, 0.5 s of its first call).
 
     `inference_mode=False`: the calls run in the caller's grad mode. A compiled model
     called under another grad mode than the one it was compiled in recompiles (dynamo
@@ -219,9 +226,17 @@ def round_robin(candidates: dict[str, Callable[[], Any]], timer: Timer, *, warmu
                 break  # a timer that answers 0: enough rounds
             if rounds < repeats or total < min_seconds:
                 continue
-            if rounds >= cap or _decided(samples, margin):
+            if rounds >= cap or _decided(samples, margin) or _out(samples, baseline):
                 break
     return {label: statistics.median(bucket) for label, bucket in samples.items()}
+
+
+def _out(samples: dict[str, list[float]], label: str | None) -> bool:
+    """Whether candidate `label` is OUT_OF_RACE times slower than the fastest (medians)."""
+    if label is None or label not in samples:
+        return False
+    best = min(statistics.median(bucket) for bucket in samples.values())
+    return statistics.median(samples[label]) > best * OUT_OF_RACE
 
 
 def _decided(samples: dict[str, list[float]], margin: float) -> bool:

@@ -27,9 +27,10 @@ logger = logging.getLogger("torchbridge.optimize.pipeline")
 
 # Few calls of the model when one candidate is clearly the fastest: a warm-up round, then 3
 # timed rounds (12 calls for 3 candidates), up to 9 rounds while the two fastest are within
-# 10% and O0 is still in the race (round_robin's baseline): timing stays a small part of preparing (a first call users wait for), and a close
-# race gets a median that one noisy sample does not decide (Llama, compiled 20 ms against
-# 24 ms uncompiled, once timed the other way round on 2 samples). At least 0.1 s of
+# 10% and O0 is still in the race (round_robin's baseline): timing stays a small part of
+# preparing (a first call users wait for), and a close race with O0 gets a median that one
+# noisy sample does not decide (Llama, compiled 20 ms against 24 ms uncompiled, once timed
+# the other way round on 2 samples). At least 0.1 s of
 # samples, for models that run in microseconds (up to 300 rounds). It was 0.3 s, which made
 # a model of a few milliseconds a round run 20 rounds however clear the winner: 0.3-0.4 s
 # of each first call of the HF suite's models, whose O0 runs 7-24 ms. The calls run under

@@ -536,9 +536,10 @@ class _Dial:
         return ProcessSetting("call dial", lambda: self.value, write, scope="call")
 
 
-def _dial_passes(dial: _Dial, seen: list[str]) -> Any:
+def _dial_passes(dial: _Dial, seen: list[str], moves: bool = True) -> Any:
     """"sets_dial" turns the dial to "a" and is found without effect at the end;
-    "moves_dial", later, turns it to "b" and records what the model's call sees."""
+    "moves_dial", later, watches the dial, turns it to "b" (`moves`) and records what the
+    model's call sees."""
     def turn(value: str) -> Any:
         def apply(model: nn.Module, ctx: Any) -> nn.Module:
             dial.value = value
@@ -556,7 +557,8 @@ def _dial_passes(dial: _Dial, seen: list[str]) -> Any:
             return out
 
     def move(model: nn.Module, ctx: Any) -> nn.Module:
-        dial.value = "b"
+        if moves:
+            dial.value = "b"
         return Seeing(model)
 
     class Plugin:
@@ -573,17 +575,19 @@ def _dial_passes(dial: _Dial, seen: list[str]) -> Any:
     return Plugin()
 
 
-@pytest.mark.parametrize("final_check_undoes", [False, True])
+@pytest.mark.parametrize(("moves", "final_check_undoes"),
+                         [(True, False), (True, True), (False, True)])
 def test_a_setting_of_a_pass_without_effect_that_a_later_pass_moved(
-        final_check_undoes: bool, reload_plugins: None,
+        moves: bool, final_check_undoes: bool, reload_plugins: None,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass found without effect at the end is as if it had not run: a setting of scope
     "call" that a later pass moved on is that pass's, scoped around calls, and goes back
-    to its value before both when that pass is undone too."""
+    to its value before both when that pass is undone too; a later pass that only watched
+    it, undone, puts back the value from before the no-effect pass, not its value."""
     from torchbridge.optimize import run as run_module
 
     dial, seen = _Dial(), []
-    torchbridge.register_plugin(_dial_passes(dial, seen), name="dials")
+    torchbridge.register_plugin(_dial_passes(dial, seen, moves), name="dials")
     if final_check_undoes:  # the end-to-end check finds the model off while moves_dial holds
         verify, final = run_module._verify, run_module.Run.final_check
         checking: list[Any] = []

@@ -27,16 +27,20 @@ logger = logging.getLogger("torchbridge.optimize.pipeline")
 
 # Few calls of the model when one candidate is clearly the fastest: a warm-up round, then 3
 # timed rounds (12 calls for 3 candidates), up to 9 rounds while the two fastest are within
-# 10% and O0 is still in the race (round_robin's baseline): timing stays a small part of
-# preparing (a first call users wait for), and a close race with O0 gets a median that one
-# noisy sample does not decide (Llama, compiled 20 ms against 24 ms uncompiled, once timed
-# the other way round on 2 samples). At least 0.1 s of
-# samples, for models that run in microseconds (up to 300 rounds). It was 0.3 s, which made
-# a model of a few milliseconds a round run 20 rounds however clear the winner: 0.3-0.4 s
-# of each first call of the HF suite's models, whose O0 runs 7-24 ms. The calls run under
-# no_grad, as the pipeline's checks did (preserved_state): under inference_mode a compiled
-# model would recompile inside the timing and look seconds slower than it is (seen:
-# "prepared 1100 ms" against 33 ms for O0, and compile undone for it).
+# 10% and O0 is within 1.5x of the fastest (round_robin's baseline): timing stays a small
+# part of preparing (a first call users wait for), and a close race that may decide
+# whether the model is kept as O0 gets more than 3 samples. Medians, not single samples:
+# the Llama of the benchmarks, compiled 20 ms against 24 ms uncompiled, was once timed the
+# other way round on 2 samples. Once O0 is out of the race, 3 rounds choose between the
+# prepared model and itself uncompiled (a difference of a few percent, where each extra
+# round cost a call of both: 0.5 s of a first call of BERT at twice the suite's width).
+# At least 0.1 s of samples, for models that run in microseconds (up to 300 rounds). It
+# was 0.3 s, which made a model of a few milliseconds a round run 20 rounds however clear
+# the winner: 0.3-0.4 s of each first call of the HF suite's models, whose O0 runs 7-24 ms.
+# The calls run under no_grad, as the pipeline's checks did (preserved_state): under
+# inference_mode a compiled model would recompile inside the timing and look seconds
+# slower than it is (seen: "prepared 1100 ms" against 33 ms for O0, and compile undone
+# for it).
 WARMUP, REPEATS, MAX_REPEATS, MIN_SECONDS, MARGIN = 1, 3, 9, 0.1, 0.10
 COMPILE_PASS = "compile"
 

@@ -103,8 +103,9 @@ def _floating(output: Any) -> list[torch.Tensor]:
 
 
 # The gate checks the outputs after every pass that follows quantization and once more at
-# the end: a Llama's logits (4 x 128 x 16384) took 0.24 s a check with masks of finite
-# values built every time, 0.08 s with them built only where a value is not finite.
+# the end: a pair of 4 x 128 x 16384 float32 tensors took 0.24 s a check with masks of
+# finite values built every time, 0.09 s with them built only where a value is not finite
+# (ad hoc, 2-core EPYC).
 def _largest(t: torch.Tensor) -> float:
     """The largest magnitude in `t` (NaN when it holds a NaN), one pass, no copy."""
     return float(torch.linalg.vector_norm(t, ord=math.inf))

@@ -278,23 +278,25 @@ class Run:
                                          f"({entry.changes.describe()})")
 
     def _hand_over(self, entry: _Applied, name: str, before: Any, after: Any) -> bool:
-        """A pass found without effect is as if it had not run: where a later applied pass
-        moved on the setting `name` it had set (`before` -> `after`), that pass owns it,
-        and the passes from this one to it, which saved `after` as their value before,
-        put back `before` when undone (a setting of scope "call", left as this pass's
-        value process-wide when the later pass was undone, had leaked out of the scope
-        around calls). False where no later applied pass moved it."""
+        """A pass found without effect is as if it had not run. The later applied passes
+        that saved its value `after` of the setting `name` as theirs before would put it
+        back when undone: they put back `before` now, up to the first that moved the
+        setting on, its owner (a setting of scope "call" had leaked out of its scope
+        around calls, as the no-effect pass's value, process-wide). True where the owner
+        took over the setting, its recorded change now starting from `before`; False
+        where no later applied pass moved it on from `after` (the caller puts it back)."""
         later = [other for other in self.applied if other.record > entry.record]
         owner = next((other for other in later if name in other.changes.settings), None)
-        if owner is None:
-            return False
-        for other in later[:later.index(owner) + 1]:
+        for other in later if owner is None else later[:later.index(owner) + 1]:
             saved = other.before.settings.get(name)
             if saved is not None and not process.differs(saved[1], after):
                 other.before.settings[name] = (saved[0], before)
+        if owner is None:
+            return False
         setting, moved_from, now = owner.changes.settings[name]
-        if not process.differs(moved_from, after):
-            owner.changes.settings[name] = (setting, before, now)
+        if process.differs(moved_from, after):  # moved by something else in between
+            return False
+        owner.changes.settings[name] = (setting, before, now)
         return True
 
     def settle_settings(self) -> None:

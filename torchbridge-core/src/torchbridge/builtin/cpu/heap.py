@@ -56,8 +56,9 @@ MIN_FRESH_BYTES = 4 * _MIB
 MIN_TRIM_BYTES = 64 * _MIB
 # Each count: a call that lets the heap settle (grow to what a call takes, under the
 # thresholds as they are now), then the calls counted. The pass counts three or four times,
-# so these are most of its cost: it was 2 and 3 (14-19 calls of the model), 1.8 s of a
-# 14 s first call of a Llama whose call takes 64 ms; 1 and 2 take 9-12 calls.
+# so these are most of its cost: it was 2 and 3 (14-19 calls of the model with the check
+# after the pass), 1.6-1.9 s of a 13 s first call of a Llama whose call takes 64 ms; 1 and
+# 2 take 9-12.
 CALLS_WARMUP, CALLS_COUNTED = 1, 2
 # Environment variables that tune glibc's malloc: a process started with one keeps its
 # own settings.

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("torchbridge.optimize.pipeline")
 
-# Few calls of the model when one candidate is clearly the fastest: a warm-up round, then 3
-# timed rounds (12 calls for 3 candidates), up to 9 rounds while the two fastest are within
+# Few calls of the model when one candidate is clearly the fastest: 3 timed rounds (9 calls
+# for 3 candidates), up to 9 rounds while the two fastest are within
 # 10% and O0 is within 1.5x of the fastest (round_robin's baseline): timing stays a small
 # part of preparing (a first call users wait for), and a close race that may decide
 # whether the model is kept as O0 gets more than 3 samples. Medians, not single samples:
@@ -34,6 +34,11 @@ logger = logging.getLogger("torchbridge.optimize.pipeline")
 # other way round on 2 samples. Once O0 is out of the race, 3 rounds choose between the
 # prepared model and itself uncompiled (a difference of a few percent, where each extra
 # round cost a call of both: 0.5 s of a first call of BERT at twice the suite's width).
+# No warm-up round: each candidate has run before (O0's reference, the checks after the
+# passes), and one slow first sample decides nothing (medians of 3 or more; a candidate
+# out after two rounds is given its faster sample). It cost a call of each: 0.25-0.4 s of
+# the first call of a Llama, GPT-2 or BERT at twice the suite's width, where their
+# figures and what was kept did not move (the suite's five models at its own width).
 # At least 0.1 s of samples, for models that run in microseconds (up to 300 rounds). It
 # was 0.3 s, which made a model of a few milliseconds a round run 20 rounds however clear
 # the winner: 0.3-0.4 s of each first call of the HF suite's models, whose O0 runs 7-24 ms.
@@ -41,7 +46,7 @@ logger = logging.getLogger("torchbridge.optimize.pipeline")
 # inference_mode a compiled model would recompile inside the timing and look seconds
 # slower than it is (seen: "prepared 1100 ms" against 33 ms for O0, and compile undone
 # for it).
-WARMUP, REPEATS, MAX_REPEATS, MIN_SECONDS, MARGIN = 1, 3, 9, 0.1, 0.10
+WARMUP, REPEATS, MAX_REPEATS, MIN_SECONDS, MARGIN = 0, 3, 9, 0.1, 0.10
 COMPILE_PASS = "compile"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -37,7 +38,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     args = parser.parse_args()
     # Empty caches: neither plain compile nor O3 finds its kernels from an earlier run.
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="tb-first-call-")
+    cache = tempfile.mkdtemp(prefix="tb-first-call-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+    try:
+        _run(args)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace) -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     print(machine())
     # The warm-up builds a C++ kernel (a pointwise op inside the compiled function):

@@ -153,17 +153,23 @@ def test_a_candidate_far_behind_sits_out_a_close_race() -> None:
     assert seen.count("O0") == seen.count("a") == 5
 
 
+def _sequence_timer(samples: dict[str, list[float]], seen: list[str]
+                    ) -> Callable[[str, Callable[[], Any]], float]:
+    """A timer answering each candidate's next sample from `samples`."""
+    def time_call(label: str, fn: Callable[[], Any]) -> float:
+        fn()
+        seen.append(label)
+        return samples[label][seen.count(label) - 1]
+    return time_call
+
+
 def test_a_candidate_out_after_two_rounds_is_given_its_faster_sample() -> None:
     """Its median would be the mean of its two samples: one slow one would overstate how
     far behind it was (O0's figure is the report's speedup)."""
     from torchbridge.optimize.measure import round_robin
 
-    samples, seen = {"O0": [3.0, 2.0], "a": [1.0] * 9}, []
-
-    def timer(label: str, fn: Callable[[], Any]) -> float:
-        seen.append(label)
-        return samples[label][seen.count(label) - 1]
-
+    seen: list[str] = []
+    timer = _sequence_timer({"O0": [3.0, 2.0], "a": [1.0] * 9}, seen)
     medians = round_robin({"O0": lambda: None, "a": lambda: None}, timer, warmup=0,
                           repeats=3, max_repeats=9, min_seconds=0.0)
     assert seen.count("O0") == 2 and medians == {"O0": 2.0, "a": 1.0}
@@ -193,12 +199,7 @@ def test_one_noisy_sample_puts_no_candidate_out_of_the_race(spiked: str) -> None
     samples = {"O0": [1.2] * 9, "a": [1.0] * 9}
     samples[spiked][0 if spiked == "O0" else 1] = 3.0
     seen: list[str] = []
-
-    def timer(label: str, fn: Callable[[], Any]) -> float:
-        fn()
-        seen.append(label)
-        return samples[label][seen.count(label) - 1]
-
+    timer = _sequence_timer(samples, seen)
     medians = round_robin({"O0": lambda: None, "a": lambda: None}, timer, warmup=0,
                           repeats=3, max_repeats=9, min_seconds=0.0)
     assert seen.count("O0") == seen.count("a") == 3

@@ -235,13 +235,15 @@ _REAL = textwrap.dedent("""
         def forward(self, x):
             return x.expand(10 << 20).clone().sum().reshape(1)
 
-    def faults(model, x, calls=5):
+    def faults(model, x, calls=5):  # each call's
         for _ in range(3):
             model(x)
-        start = heap.minor_faults()
+        each = []
         for _ in range(calls):
+            start = heap.minor_faults()
             model(x)
-        return (heap.minor_faults() - start) // calls
+            each.append(heap.minor_faults() - start)
+        return each
 
     x = torch.ones(1)
     with torch.no_grad():
@@ -279,8 +281,12 @@ def test_with_glibc_repeated_calls_stop_faulting(kept: str) -> None:
     note = next(n for n in got["notes"] if n.startswith("heap_reuse:"))
     assert "takes 40.0 MiB of fresh pages (1024" in note, note  # 10240 and a page or two
     assert "serves every buffer (mmap off) from its heap" in note, note
-    assert got["before"] >= 10240, got  # the 40 MiB faulted in again every call
-    assert got["after"] < 64, got
+    assert min(got["before"]) >= 10240, got  # the 40 MiB faulted in again every call
+    # Calls stop faulting. One call may still take the 40 MiB afresh once (a small
+    # allocation split the freed chunk; one CI run in many: 10241 faults, then 0): most
+    # take none.
+    assert sorted(got["after"])[len(got["after"]) // 2] < 64, got
+    assert sum(f >= 10240 for f in got["after"]) <= 1, got
 
 
 def test_empty_cache_gives_the_kept_memory_back(monkeypatch: pytest.MonkeyPatch) -> None:

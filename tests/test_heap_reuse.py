@@ -152,6 +152,32 @@ def test_buffers_over_the_largest_mmap_threshold_turn_mmap_off(
     assert {c.name for c in result.process_settings} >= {"glibc malloc M_MMAP_MAX"}
 
 
+class OneOffHeap(FakeHeap):
+    """Once the thresholds are set, the second call after takes `one_off` pages once (a
+    freed chunk split by a small allocation), and no call after it does."""
+
+    def __init__(self, fresh: int, returned: int, one_off: int) -> None:
+        super().__init__(fresh, returned)
+        self.one_off, self.after_set = one_off, 0
+
+    def model_called(self, *args: Any) -> None:
+        super().model_called(*args)
+        if heap.M_MMAP_THRESHOLD in self.params():
+            self.after_set += 1
+            if self.after_set == 2:
+                self.faults += self.one_off
+
+
+def test_a_one_off_fault_after_the_thresholds_leaves_mmap_on_and_shows_as_a_range(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = OneOffHeap(fresh=20_000, returned=20_000, one_off=16_000)
+    result = _prepare(fake, monkeypatch)
+    assert heap.M_MMAP_MAX not in fake.params()
+    note = next(n for n in result.notes if n.startswith("heap_reuse:"))
+    assert "page faults per repeated call 20000 -> 0-16000" in note, note
+    assert "buffers under 32 MiB" in note
+
+
 def test_a_second_model_never_lowers_what_the_first_needs(
         monkeypatch: pytest.MonkeyPatch) -> None:
     first = FakeHeap(fresh=30_000, returned=8_000)

@@ -162,19 +162,13 @@ SETTINGS = (MMAP_THRESHOLD, TRIM_THRESHOLD, MMAP_MAX)
 def faults_per_call(model: nn.Module, call: Callable[[nn.Module], Any],
                     count: Callable[[], int], *, warmup: int = CALLS_WARMUP,
                     calls: int = CALLS_COUNTED, before: Callable[[], None] | None = None
-                    ) -> int:
-    """Page faults of a call of `model` on the sample input, after `warmup` calls and
-    `before()`: the fewest of `calls` calls, each counted alone (the model and the RNG are
-    left as they were: run_sample).
-
-    The fewest, not the mean: once the heap keeps its memory, a call can still take fresh
-    pages once, where a small allocation split the freed buffer's chunk, after which the
-    calls reuse both (measured with torch 2.9.1, a call taking 40 MiB, mmap off: in 2
-    processes of 12, one of the two counted calls took the 40 MiB afresh, every later call
-    none). What repeated calls cost is what a call takes every time."""
+                    ) -> list[int]:
+    """Page faults of each of `calls` calls of `model` on the sample input, counted alone,
+    after `warmup` calls and `before()` (the model and the RNG are left as they were:
+    run_sample)."""
     from torchbridge.optimize.run import run_sample
 
-    def counted(m: nn.Module) -> int:
+    def counted(m: nn.Module) -> list[int]:
         for _ in range(warmup):
             call(m)
         if before is not None:
@@ -184,10 +178,16 @@ def faults_per_call(model: nn.Module, call: Callable[[nn.Module], Any],
             start = count()
             call(m)
             each.append(count() - start)
-        return min(each)
+        return each
 
-    faults: int = run_sample(model, counted)
+    faults: list[int] = run_sample(model, counted)
     return faults
+
+
+def _span(faults: list[int]) -> str:
+    """The faults of the calls counted: one figure where they agree, else the range."""
+    low, high = min(faults), max(faults)
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def _described() -> str:
@@ -220,7 +220,8 @@ def reuse_heap(model: nn.Module, ctx: PassContext, *, libc: Any = None,
     if libc is None:
         raise PassSkipped("this process's malloc is not glibc's")
     call = sample_call(ctx.backend, ctx.sample_input)
-    fresh = faults_per_call(model, call, count, calls=1, before=lambda: libc.malloc_trim(0))
+    fresh = faults_per_call(model, call, count, calls=1,
+                            before=lambda: libc.malloc_trim(0))[0]
     if fresh * PAGE < MIN_FRESH_BYTES:
         raise PassSkipped(f"a call on the sample input takes {fresh * PAGE / _MIB:.1f} MiB "
                           "of fresh pages: too little to keep")
@@ -234,7 +235,12 @@ def reuse_heap(model: nn.Module, ctx: PassContext, *, libc: Any = None,
         if _set.get(name) != value:
             _mallopt(libc, name, value, refused)
     now = faults_per_call(model, call, count)
-    if now * PAGE >= MIN_FRESH_BYTES and _set.get("M_MMAP_MAX") != 0:
+    # mmap off where every call counted still takes fresh pages, not where one does: once
+    # the heap keeps its memory, a call can still take fresh pages once, where a small
+    # allocation split a freed buffer's chunk, after which the calls reuse both (torch
+    # 2.9.1, a call taking 40 MiB, mmap off: in 2 processes of 12, one of the two calls
+    # counted took the 40 MiB afresh, every later call none).
+    if min(now) * PAGE >= MIN_FRESH_BYTES and _set.get("M_MMAP_MAX") != 0:
         # Buffers of 32 MiB or more: glibc maps them whatever its threshold.
         _mallopt(libc, "M_MMAP_MAX", 0, refused)
         now = faults_per_call(model, call, count)
@@ -243,7 +249,7 @@ def reuse_heap(model: nn.Module, ctx: PassContext, *, libc: Any = None,
         raise PassSkipped(refusal if not before_run else
                           f"glibc's malloc is set already (by an earlier prepare_model in "
                           f"this process: {_described()}); page faults per repeated call "
-                          f"{now}" + (f"; {refusal}" if refusal else ""))
+                          f"{_span(now)}" + (f"; {refusal}" if refusal else ""))
     how = f"buffers under {MMAP_THRESHOLD_MAX // _MIB} MiB" if _set.get("M_MMAP_MAX") != 0 \
         else "every buffer (mmap off)"
     kept = _set.get("M_TRIM_THRESHOLD", trim)
@@ -251,12 +257,12 @@ def reuse_heap(model: nn.Module, ctx: PassContext, *, libc: Any = None,
         f"heap_reuse: a call on the sample input takes {fresh * PAGE / _MIB:.1f} MiB of "
         f"fresh pages ({fresh} page faults) when the heap has none free; glibc's malloc "
         f"serves {how} from its heap, keeping up to {kept // _MIB} MiB free, for the "
-        f"whole process; page faults per repeated call {was} -> {now}"
+        f"whole process; page faults per repeated call {_span(was)} -> {_span(now)}"
         + (f"; glibc refused {', '.join(refused)}" if refused else "")
         + " (the thresholds stay set, also if prepare_model undoes this pass; "
         "backend.empty_cache() gives the kept memory back)")
-    logger.info("heap_reuse: %d fresh pages a call; page faults per call %d -> %d", fresh,
-                was, now)
+    logger.info("heap_reuse: %d fresh pages a call; page faults per call %s -> %s", fresh,
+                _span(was), _span(now))
     return model
 
 

@@ -102,11 +102,11 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int)
     parser.add_argument("--first-call", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
     if args.first_call:
         name, batch, variant = args.first_call
         _first_call(name, int(batch), variant)
         return
-    torch.set_num_threads(os.cpu_count() or 1)
     print(machine())
     print("| model | batch | variant | first call s | kept | ms a call | vs eager "
           "| rel error |")

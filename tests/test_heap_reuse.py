@@ -153,7 +153,7 @@ def test_buffers_over_the_largest_mmap_threshold_turn_mmap_off(
 
 
 class OneOffHeap(FakeHeap):
-    """Once the thresholds are set, the second call after takes `one_off` pages once (a
+    """Once the thresholds are set, the first call counted takes `one_off` pages once (a
     freed chunk split by a small allocation), and no call after it does."""
 
     def __init__(self, fresh: int, returned: int, one_off: int) -> None:
@@ -164,7 +164,7 @@ class OneOffHeap(FakeHeap):
         super().model_called(*args)
         if heap.M_MMAP_THRESHOLD in self.params():
             self.after_set += 1
-            if self.after_set == 2:
+            if self.after_set == heap.CALLS_WARMUP + 1:  # the first call counted
                 self.faults += self.one_off
 
 
@@ -309,10 +309,9 @@ def test_with_glibc_repeated_calls_stop_faulting(kept: str) -> None:
     assert "serves every buffer (mmap off) from its heap" in note, note
     assert min(got["before"]) >= 10240, got  # the 40 MiB faulted in again every call
     # Calls stop faulting. One call may still take the 40 MiB afresh once (a small
-    # allocation split the freed chunk; one CI run in many: 10241 faults, then 0): most
-    # take none.
-    assert sorted(got["after"])[len(got["after"]) // 2] < 64, got
-    assert sum(f >= 10240 for f in got["after"]) <= 1, got
+    # allocation split the freed chunk; a CI run counted 2041 faults a call over five
+    # calls, one call's 40 MiB): the others take none.
+    assert sum(f >= 64 for f in got["after"]) <= 1, got
 
 
 def test_empty_cache_gives_the_kept_memory_back(monkeypatch: pytest.MonkeyPatch) -> None:

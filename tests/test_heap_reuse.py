@@ -261,7 +261,7 @@ _REAL = textwrap.dedent("""
         def forward(self, x):
             return x.expand(10 << 20).clone().sum().reshape(1)
 
-    def faults(model, x, calls=5):  # each call's
+    def faults(model, x, calls=5):  # the faults of each call, counted alone
         for _ in range(3):
             model(x)
         each = []

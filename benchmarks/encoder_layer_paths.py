@@ -30,7 +30,7 @@ import torch
 import torchbridge
 from torchbridge import TorchBridgeConfig, models
 from torchbridge.bench import machine
-from torchbridge.optimize.measure import interleaved_latency
+from torchbridge.optimize.measure import interleaved_latency, tensor_drift
 
 # variant -> the O3 passes it disables (None: plain torch.compile; "eager": the model)
 VARIANTS: dict[str, list[str] | None] = {
@@ -88,9 +88,7 @@ def _steady(name: str, batch: int) -> dict[str, tuple[float, float]]:
             calls[variant] = _prepared(variant, model, x)[0]
         errors = {}
         for variant, call in calls.items():
-            out = call(x).float()
-            errors[variant] = float(((out - reference).abs().max() /
-                                     reference.abs().max()).item())
+            errors[variant] = tensor_drift(reference, call(x))[1]
         seconds = interleaved_latency([lambda c=c: c(x) for c in calls.values()],
                                       lambda: None, warmup=2, repeats=15)
     return {v: (s * 1e3, errors[v]) for v, s in zip(calls, seconds, strict=True)}

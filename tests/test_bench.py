@@ -120,6 +120,42 @@ def faked(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return {"calls": calls}
 
 
+class _MovingBackend:
+    """The CPU backend, recording the modules moved to its device."""
+
+    def __init__(self) -> None:
+        import torchbridge
+
+        self.cpu = torchbridge.get_backend("cpu")
+        self.moved: list[torch.nn.Module] = []
+
+    def to_device(self, obj: Any) -> Any:
+        if isinstance(obj, torch.nn.Module):
+            self.moved.append(obj)
+        return self.cpu.to_device(obj)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cpu, name)
+
+
+@pytest.mark.parametrize("variant", ["eager", "compile"])
+def test_the_baselines_run_on_the_backend_device(monkeypatch: pytest.MonkeyPatch,
+                                                 variant: str) -> None:
+    """Eager and plain compile are timed on a copy of the model placed on the backend's
+    device, where their input is moved (on an H100 every row failed: the model was left on
+    the CPU); the model itself stays where it was, for the variants after them."""
+    monkeypatch.setattr(torch, "compile", lambda model: model)  # what is compiled, not how
+    backend = _MovingBackend()
+    model = torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    with torch.inference_mode():
+        expected = model(x)
+    prepared = bench._prepare(backend, variant, model, x, expected)
+    [moved] = backend.moved
+    assert moved is not model and isinstance(moved, torch.nn.Linear)
+    assert torch.equal(prepared.call(), expected) and prepared.rel_error == 0.0
+
+
 def test_rows_ratios_skips_and_second_process(faked: dict[str, Any],
                                               caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="torchbridge.bench"):

@@ -16,7 +16,6 @@ on a terminal (torchbridge.progress).
 from __future__ import annotations
 
 import contextlib
-import copy
 import datetime
 import functools
 import logging
@@ -37,6 +36,7 @@ from torchbridge.bench_variants import (
     QUANTIZED_MODES,
     build,
     parse_variant,
+    placed,
     quantize_argument,
     references,
 )
@@ -390,9 +390,9 @@ def _prepare(backend: Any, variant: str, model: torch.nn.Module, x: Any,
         run_model: Callable[..., Any]
         prepare_s: float | None = None
         if variant == "eager":
-            run_model = model
+            run_model = placed(backend, model)
         elif variant == "compile":
-            run_model = torch.compile(copy.deepcopy(model))
+            run_model = torch.compile(placed(backend, model))
             prepare_s = time.perf_counter() - started
         else:
             # With the sample input, as a user who has one would: passes may measure it.

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from torchbridge.bench_variants import placed
 from torchbridge.optimize.measure import interleaved_latency, sample_call
 
 
@@ -163,11 +164,13 @@ def generate_speed(backend: Any, name: str, model: torch.nn.Module, ids: torch.T
     """Greedy generate() tokens per second: eager fp32 against prepare_model at O3 (with
     the prompt as sample input), medians of 5 sampled alternately after one warm-up; and
     whether the tokens are the same."""
+    eager = placed(backend, model)
     prepared = backend.prepare_model(model, "O3", sample_input={"input_ids": ids})
+    ids = backend.to_device(ids)
     out: dict[str, Any] = {"model": name, "prompt": list(ids.shape), "new_tokens": new_tokens}
     tokens = {}
     calls: list[Callable[[], Any]] = []
-    for label, m in (("eager", model), ("O3", prepared)):
+    for label, m in (("eager", eager), ("O3", prepared)):
         def gen(m: Any = m) -> Any:
             return m.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                               do_sample=False, pad_token_id=0)

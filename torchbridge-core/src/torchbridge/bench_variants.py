@@ -4,6 +4,7 @@ same in every process, and the variants' names."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,3 +57,13 @@ def quantize_argument(mode: str | None) -> Any:
     """prepare_model's quantize argument for a variant: its mode, else False (no
     quantization, whatever config optimization.quantize says: "O3" rows are unquantized)."""
     return mode if mode is not None else False
+
+
+def placed(backend: Any, model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` on the backend's device, for the baselines (eager, plain
+    torch.compile, eager generate()): they run where prepare_model puts the model and where
+    the benchmark moves the input. (Left on the host, every baseline on a GPU failed at its
+    first op: input on cuda:0, weights on the CPU; seen on an H100, 2026-11-27.) A copy,
+    since Module.to moves in place and the benchmark goes on using the model on the host."""
+    moved: torch.nn.Module = backend.to_device(copy.deepcopy(model))
+    return moved

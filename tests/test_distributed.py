@@ -218,8 +218,8 @@ def rank_outputs(out: Path, world_size: int) -> list[tuple[dict[str, torch.Tenso
 @pytest.mark.slow
 def test_launch_ddp_on_two_ranks_equals_one_process_on_the_global_batch(tmp_path: Path
                                                                         ) -> None:
-    done = launch(tmp_path, "--nproc-per-node", "2", str(WORKER), "--strategy", "ddp",
-                  "--out", str(tmp_path))
+    done = launch(tmp_path, "--nproc-per-node", "2", "--backend", "cpu", str(WORKER),
+                  "--strategy", "ddp", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     (state0, info0), (state1, info1) = rank_outputs(tmp_path, 2)
     for key in state0:  # every rank holds the same parameters, bit for bit
@@ -236,8 +236,9 @@ def test_launch_ddp_on_two_ranks_equals_one_process_on_the_global_batch(tmp_path
 def test_launch_fsdp_on_two_ranks_and_its_checkpoint_loads_in_one_process(tmp_path: Path
                                                                           ) -> None:
     checkpoint = tmp_path / "ckpt"
-    done = launch(tmp_path, "--nproc-per-node", "2", str(WORKER), "--strategy", "fsdp",
-                  "--out", str(tmp_path), "--checkpoint", str(checkpoint))
+    done = launch(tmp_path, "--nproc-per-node", "2", "--backend", "cpu", str(WORKER),
+                  "--strategy", "fsdp", "--out", str(tmp_path), "--checkpoint",
+                  str(checkpoint))
     assert done.returncode == 0, done.stderr[-3000:]
     (state0, info0), (state1, _) = rank_outputs(tmp_path, 2)
     assert info0["wrapper"] == "FSDPBlockNet" and info0["applied"][-1] == "fsdp"
@@ -265,6 +266,29 @@ def test_launch_fsdp_on_two_ranks_and_its_checkpoint_loads_in_one_process(tmp_pa
     fresh = worker.make_model()
     tbd.load_distributed_checkpoint(fresh, back)
     assert_matches(fresh.state_dict(), reference)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_launch_on_one_gpu_with_nccl_trains_as_one_process_does(tmp_path: Path,
+                                                                 strategy: str) -> None:
+    if not torch.cuda.is_available() or not dist.is_nccl_available():
+        pytest.skip("needs a CUDA GPU and a torch with NCCL")
+    checkpoint = tmp_path / "ckpt"
+    done = launch(tmp_path, "--nproc-per-node", "1", "--backend", "cuda", str(WORKER),
+                  "--strategy", strategy, "--out", str(tmp_path), "--checkpoint",
+                  str(checkpoint))
+    assert done.returncode == 0, done.stderr[-3000:]
+    [(state, info)] = rank_outputs(tmp_path, 1)
+    assert "nccl" in info["process_group_backend"] and info["device"].startswith("cuda")
+    assert info["applied"][-1] == strategy
+    reference, _ = reference_training()  # float32 on the CPU: GPU sums differ by rounding
+    for key in reference:
+        torch.testing.assert_close(state[key], reference[key], rtol=1e-4, atol=1e-5)
+    model = worker.make_model()
+    tbd.load_distributed_checkpoint(model, checkpoint)
+    for key in reference:
+        torch.testing.assert_close(model.state_dict()[key], state[key], rtol=0, atol=0)
 
 
 @pytest.mark.slow

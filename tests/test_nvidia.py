@@ -16,7 +16,9 @@ from torchbridge_nvidia.probe import CUDAProperties
 
 GB = 1024**3
 # torch.cuda.get_device_properties() of NVIDIA GPUs (name, major, minor,
-# multi_processor_count, total_memory in MiB). Written by hand from public specifications
+# multi_processor_count, total_memory in MiB). The H100's is captured from a real one
+# (tests/recordings/nvidia-h100-80gb-hbm3-x1.json, 2026-11-27: 81079 MiB, under
+# nvidia-smi's 81559 MiB). The others are written by hand from public specifications
 # (NVIDIA's datasheets and "CUDA GPUs - Compute Capability" list: SMs, memory, capability),
 # not captured from a real device; total_memory is a little under the marketed size, as
 # torch reports such a card.
@@ -26,7 +28,7 @@ RECORDED = {
     "A100": ("NVIDIA A100-SXM4-40GB", 8, 0, 108, 40536),
     "RTX 4090": ("NVIDIA GeForce RTX 4090", 8, 9, 128, 24217),
     "L4": ("NVIDIA L4", 8, 9, 58, 22478),
-    "H100": ("NVIDIA H100 80GB HBM3", 9, 0, 132, 81559),
+    "H100": ("NVIDIA H100 80GB HBM3", 9, 0, 132, 81079),
     "B200": ("NVIDIA B200", 10, 0, 148, 182642),
 }
 EXPECTED = {  # architecture, preferred low-precision dtype, FP8

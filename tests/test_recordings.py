@@ -90,8 +90,24 @@ def test_replayed_through_the_plugin(request: pytest.FixtureRequest,
         assert stats.allocated_bytes in (None, device["allocator_counters"][0])
 
 
+def test_the_nvidia_helpers_h100_is_the_captured_one() -> None:
+    """The vendor tests' H100 (test_nvidia's FakeGPUs) has the properties a real one
+    reported through torch, not the hand-written ones it had (total memory was nvidia-smi's
+    figure, 0.5 GB over torch's)."""
+    data = recording.load(RECORDINGS / "nvidia-h100-80gb-hbm3-x1.json")
+    assert data["source"] == recording.CAPTURED
+    [entry] = recording.vendor_devices(data)
+    [device] = entry["devices"]
+    from test_nvidia import props
+
+    helper = props("H100")
+    assert device["device_properties"]["fields"] == {
+        "name": helper.name, "major": helper.major, "minor": helper.minor,
+        "multi_processor_count": helper.multi_processor_count,
+        "total_memory": helper.total_memory, "pci_bus_id": None}
+
+
 @pytest.mark.parametrize(("fake", "kind", "path"), [
-    (FakeNVIDIAGPUs, "H100", "nvidia-h100-80gb-hbm3-x2.json"),
     (FakeAMDGPUs, "MI300X", "amd-instinct-mi300x-x2.json"),
     (FakeXPUs, "Max 1550", "intel-max-1550-x2.json")])
 def test_hand_written_recordings_are_the_test_helpers_devices(
@@ -156,7 +172,7 @@ def test_doctor_record_writes_a_valid_recording_of_this_machine(
 
 
 def test_a_recording_with_an_identifying_field_is_refused(tmp_path: Path) -> None:
-    data = json.loads((RECORDINGS / "nvidia-h100-80gb-hbm3-x2.json").read_text())
+    data = json.loads((RECORDINGS / "nvidia-h100-80gb-hbm3-x1.json").read_text())
     data["plugins"][0]["devices"][0]["device_properties"]["fields"]["uuid"] = "GPU-1234"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))

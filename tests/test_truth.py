@@ -246,6 +246,24 @@ def test_declared_settings_are_reported_and_scoped_to_the_models_calls(
     assert seen == [True, True] and torch.backends.cuda.matmul.allow_tf32 is False
 
 
+def test_a_prepared_model_compiled_by_the_user_keeps_its_scoped_settings(
+        reload_plugins: None, tf32_off: None) -> None:
+    """torch.compile of a prepared model whose settings are scoped to its calls (TF32 and
+    cuDNN benchmark on NVIDIA): dynamo breaks the graph at the wrapper that sets them, so
+    the model's layers run with them in force, and the process keeps its own after. (With
+    fullgraph=True the wrapper cannot be traced: seen on an H100; the guide says so.)"""
+    torchbridge.register_plugin(_DeclaresTF32(), name="declares_tf32")
+    model, x = mlp(), torch.randn(4, 16)
+    result = torchbridge.get_backend("cpu").optimize(model, "O1", sample_input=x)
+    seen: list[bool] = []
+    hook = lambda *_: seen.append(torch.backends.cuda.matmul.allow_tf32)  # noqa: E731
+    result.model[0].register_forward_pre_hook(hook)
+    torch._dynamo.reset()
+    compiled = torch.compile(result.model, backend="eager")
+    torch.testing.assert_close(compiled(x), model(x))
+    assert seen and all(seen) and torch.backends.cuda.matmul.allow_tf32 is False
+
+
 class _SilentNoop:
     @torchbridge.hookimpl
     def torchbridge_optimization_passes(self, backend: object, level: object

@@ -6,9 +6,14 @@ reference, on the selected backend's device.
 For each op: the median latency of the reference (eager), torch.compile(reference), and
 every implementation eligible here, the bytes each call must move divided by its latency,
 and that as a share of a device-to-device copy's bandwidth measured in the same run (what
-the device can really move). Every implementation's output is compared with the
+the device can really move); for the matrix products (linear at a 7B model's MLP shape,
+attention) the TFLOP/s instead. Every implementation's output is compared with the
 reference's first. On CPU only correctness is checked: Triton runs there only under its
 interpreter, whose timings mean nothing.
+
+A latency is the median over 7 batches of 10 back-to-back calls, each batch timed as a
+whole up to the device's synchronize, so that the host's wait for the device (tens of
+microseconds on a GPU) is paid once per batch, not per call.
 """
 
 from __future__ import annotations
@@ -44,7 +49,22 @@ def cases(device: torch.device, dtype: torch.dtype, small: bool) -> dict[str, tu
         "scaled_dot_product_attention": (t(batch, heads, seq, head_dim),
                                          t(batch, heads, seq, head_dim),
                                          t(batch, heads, seq, head_dim), None, True),
+        # A 7B model's MLP up-projection: 8192 tokens, 4096 -> 11008.
+        "linear": (t(rows, hidden), t(inner, hidden), None),
     }
+
+
+def flops(op: str, args: tuple[Any, ...]) -> int | None:
+    """Floating-point operations of one call of a matrix-product op (None for the rest)."""
+    if op == "linear":
+        x, weight = args[0], args[1]
+        return 2 * x.numel() * weight.shape[0]
+    if op == "scaled_dot_product_attention":
+        q, k = args[0], args[1]
+        causal = args[4]
+        work = 4 * q.numel() * k.shape[-2]  # q @ k^T and p @ v
+        return work // 2 if causal else work
+    return None
 
 
 def bytes_moved(args: tuple[Any, ...], out: Any) -> int:
@@ -53,22 +73,24 @@ def bytes_moved(args: tuple[Any, ...], out: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def median_seconds(fn: Callable[[], Any], sync: Callable[[], None], repeats: int = 30) -> float:
+def median_seconds(fn: Callable[[], Any], sync: Callable[[], None], batches: int = 7,
+                   calls: int = 10) -> float:
     for _ in range(3):
         fn()
     sync()
     times = []
-    for _ in range(repeats):
+    for _ in range(batches):
         started = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         sync()
-        times.append(time.perf_counter() - started)
+        times.append((time.perf_counter() - started) / calls)
     return statistics.median(times)
 
 
 def copy_bandwidth(device: torch.device, sync: Callable[[], None]) -> float:
     src = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=device)
-    seconds = median_seconds(lambda: src.clone(), sync, repeats=10)
+    seconds = median_seconds(lambda: src.clone(), sync, batches=5, calls=4)
     return 2 * src.numel() / seconds
 
 
@@ -116,12 +138,21 @@ def measure_op(op: str, args: tuple[Any, ...], backend: Any, dtype: torch.dtype,
     entry["reference_seconds"] = median_seconds(lambda: reference(*args), sync)
     entry["compile_seconds"] = median_seconds(lambda: compiled(*args), sync)
     moved = entry["bytes"] = bytes_moved(args, ref_out)
-    for key in ("reference", "compile"):
-        entry[f"{key}_bandwidth_share"] = moved / entry[f"{key}_seconds"] / (copy_gbs * 1e9)
-    for result in entry["implementations"].values():
-        if "seconds" in result:
-            result["bandwidth_share"] = moved / result["seconds"] / (copy_gbs * 1e9)
+    work = entry["flops"] = flops(op, args)
+    timed = [(entry, f"{key}_") for key in ("reference", "compile")] + [
+        (result, "") for result in entry["implementations"].values() if "seconds" in result]
+    for holder, prefix in timed:
+        seconds = holder[f"{prefix}seconds"]
+        holder[f"{prefix}bandwidth_share"] = moved / seconds / (copy_gbs * 1e9)
+        if work is not None:
+            holder[f"{prefix}tflops"] = work / seconds / 1e12
     return entry
+
+
+def _rate(holder: dict[str, Any], prefix: str = "") -> str:
+    if f"{prefix}tflops" in holder:
+        return f"{holder[f'{prefix}tflops']:6.1f} TFLOP/s"
+    return f"{holder[f'{prefix}bandwidth_share']:6.1%} of copy bandwidth"
 
 
 def definition_of(op: str) -> Callable[..., Any]:
@@ -144,15 +175,14 @@ def render(report: dict[str, Any]) -> str:
             for key, label in (("reference", "reference (eager)"),
                                ("compile", "torch.compile(reference)")):
                 lines.append(f"  {label:<34} {entry[f'{key}_seconds'] * 1e6:9.1f} us  "
-                             f"{entry[f'{key}_bandwidth_share']:6.1%} of copy bandwidth")
+                             + _rate(entry, f"{key}_"))
         for name, result in entry["implementations"].items():
             if "skipped" in result:
                 lines.append(f"  {name:<34} not here: {result['skipped']}")
                 continue
             line = f"  {name:<34} "
             if "seconds" in result:
-                line += f"{result['seconds'] * 1e6:9.1f} us  " \
-                        f"{result['bandwidth_share']:6.1%} of copy bandwidth  "
+                line += f"{result['seconds'] * 1e6:9.1f} us  {_rate(result)}  "
             line += f"rel error {result['rel_error']:.2g} (tolerance {result['tolerance']})"
             lines.append(line)
     return "\n".join(lines)

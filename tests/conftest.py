@@ -72,7 +72,8 @@ def no_cuda_reason() -> str:
     from torchbridge_nvidia.probe import probe
 
     reason = probe().reason
-    assert reason, "these tests expect a machine without a usable NVIDIA GPU"
+    if not reason:  # a GPU machine (nox -s tests_gpu, benchmarks/gpu_session.sh)
+        pytest.skip("about a machine without a usable NVIDIA GPU; this one has one")
     return reason
 
 

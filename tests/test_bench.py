@@ -114,7 +114,7 @@ def faked(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(bench, "_prepare", prepare)
     monkeypatch.setattr(bench, "interleaved_latency", timer)
-    monkeypatch.setattr(bench, "matmul_peak", lambda dtype: 1e12)
+    monkeypatch.setattr(bench, "matmul_peak", lambda dtype, backend=None: 1e12)
     monkeypatch.setattr(bench, "_warm_inductor", lambda: None)
     monkeypatch.setattr(bench_firstcall, "run_child", child)
     return {"calls": calls}
@@ -150,10 +150,36 @@ def test_the_baselines_run_on_the_backend_device(monkeypatch: pytest.MonkeyPatch
     x = torch.randn(3, 4)
     with torch.inference_mode():
         expected = model(x)
+    calls: list[torch.nn.Module] = []
+    model.register_forward_hook(lambda module, *_: calls.append(module))  # copies keep it
     prepared = bench._prepare(backend, variant, model, x, expected)
     [moved] = backend.moved
     assert moved is not model and isinstance(moved, torch.nn.Linear)
     assert torch.equal(prepared.call(), expected) and prepared.rel_error == 0.0
+    assert calls == [moved, moved]  # the first call, then a timed one: never the model
+
+
+def test_the_matmul_peak_is_measured_on_the_backends_device() -> None:
+    """Each row's "% of peak" is over the peak of the device it ran on: on a GPU the peak
+    was the host CPU's, and a GPU row would have read far over 100%."""
+    from types import SimpleNamespace
+
+    made: list[torch.device] = []
+    synced: list[int] = []
+
+    class Device(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if func is torch.randn:
+                made.append(out.device)
+            return out
+
+    backend = SimpleNamespace(device=torch.device("meta"),
+                              synchronize=lambda: synced.append(1))
+    with Device():
+        assert bench.matmul_peak(torch.bfloat16, backend, size=64) > 0
+    assert made == [torch.device("meta")] * 2 and synced
 
 
 def test_rows_ratios_skips_and_second_process(faked: dict[str, Any],

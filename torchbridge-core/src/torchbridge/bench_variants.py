@@ -64,6 +64,8 @@ def placed(backend: Any, model: torch.nn.Module) -> torch.nn.Module:
     torch.compile, eager generate()): they run where prepare_model puts the model and where
     the benchmark moves the input. (Left on the host, every baseline on a GPU failed at its
     first op: input on cuda:0, weights on the CPU; seen on an H100, 2026-11-27.) A copy,
-    since Module.to moves in place and the benchmark goes on using the model on the host."""
+    since Module.to moves in place and the benchmark's process goes on using the model on
+    the host; a fresh process (bench_firstcall) copies too, so that its first call of
+    plain compile is measured as the benchmark's own is."""
     moved: torch.nn.Module = backend.to_device(copy.deepcopy(model))
     return moved

@@ -4,6 +4,7 @@ tells the truth, prepared models still train."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -70,6 +71,42 @@ def test_traced_conv_bn_pairs_do_not_depend_on_where_temporaries_lived() -> None
     with torch.no_grad():
         found = [len(traced_pairs(model, lambda m: m(x))) for _ in range(50)]
     assert found == [1] * 50
+
+
+def test_conv_bn_folding_traces_only_where_the_structure_left_a_batchnorm(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The traced call costs a forward: a model whose every BatchNorm follows its
+    convolution in an nn.Sequential is folded without it; one with a BatchNorm outside
+    such a pair is traced, and folded all the same."""
+    from torchbridge.optimize import folding
+
+    traced: list[int] = []
+    real = folding.traced_pairs
+
+    def counting(model: torch.nn.Module, call: Any) -> Any:
+        traced.append(1)
+        return real(model, call)
+
+    monkeypatch.setattr(folding, "traced_pairs", counting)
+
+    class Net(torch.nn.Module):  # the conv net, plus a BatchNorm outside any Sequential
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = MODELS["convnet"].build()
+            self.conv = torch.nn.Conv2d(3, 3, 1, bias=False)
+            self.bn = torch.nn.BatchNorm2d(3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(self.bn(self.conv(x)))
+
+    backend = torchbridge.get_backend("cpu")
+    for model, traces in ((MODELS["convnet"].build().eval(), 0), (Net().eval(), 1)):
+        traced.clear()
+        x = MODELS["convnet"].make_input(2)
+        result = backend.optimize(model, "O1", sample_input=x)
+        assert statuses(result)["conv_bn_folding"] == "applied" and len(traced) == traces
+        bns = [m for m in result.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+        assert bns and all(isinstance(m, FoldedBatchNorm) for m in bns)
 
 
 def test_skip_reasons_for_an_mlp_at_o1() -> None:

@@ -61,11 +61,22 @@ def _folded_class(cls: type) -> type:
     return _folded_classes[cls]
 
 
+def _foldable_norm(bn: nn.Module) -> bool:
+    return (isinstance(bn, _BatchNorm) and not bn.training and bn.track_running_stats
+            and bn.running_mean is not None and bn.running_var is not None
+            and not isinstance(bn, FoldedBatchNorm))
+
+
 def _foldable(conv: nn.Module, bn: nn.Module) -> bool:
-    return (isinstance(conv, _Conv) and isinstance(bn, _BatchNorm) and not bn.training
-            and bn.track_running_stats and bn.running_mean is not None
-            and bn.running_var is not None and not isinstance(bn, FoldedBatchNorm)
+    return (isinstance(conv, _Conv) and _foldable_norm(bn)
             and conv.weight.shape[0] == bn.num_features)
+
+
+def unpaired_norms(model: nn.Module, pairs: list[tuple[nn.Module, nn.Module]]) -> int:
+    """How many foldable BatchNorms `pairs` leaves out: only those can a traced call still
+    pair (each BatchNorm folds into one convolution at most)."""
+    paired = {id(bn) for _, bn in pairs}
+    return sum(1 for m in model.modules() if _foldable_norm(m) and id(m) not in paired)
 
 
 def sequential_pairs(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:

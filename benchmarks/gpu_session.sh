@@ -14,7 +14,11 @@ export OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+# The code comes from this working tree, ahead of the wheels' copy: a .whl/ built at an
+# older commit then brings only what the source cannot, the packages' metadata (versions,
+# entry points) and pydantic.
+SOURCES=$(ls -d "$PWD"/torchbridge-core/src "$PWD"/plugins/*/src "$PWD"/tests/*/src | paste -sd:)
+export PYTHONPATH="$SOURCES:/tmp/site" PYTHONUNBUFFERED=1
 START=$(date +%s)
 step() { echo "== $(( $(date +%s) - START )) s: $*" | tee -a "$OUT/device.txt"; }
 
@@ -23,6 +27,7 @@ step "versions and the GPU"
     nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap,clocks.max.sm,clocks.max.mem --format=csv
     python3 -c "import sys, torch, triton, transformers; print(sys.version.split()[0], torch.__version__, torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
     python3 -c "import torchao; print('torchao', torchao.__version__)" 2>&1 | tail -1
+    python3 -c "import torchbridge; print('torchbridge from', torchbridge.__file__)"
     lscpu | grep -E "Model name|^CPU\(s\)"
     timeout 60 python3 -m torchbridge doctor
     timeout 60 python3 -m torchbridge doctor --record "$OUT/h100-recording.json"

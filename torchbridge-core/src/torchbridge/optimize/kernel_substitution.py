@@ -25,7 +25,7 @@ and says how its forward calls the op. For each module that matches:
 4. The module's class becomes a subclass of its own whose forward calls the
    implementation: the module object, its parameters (tied ones stay tied), state_dict
    keys, attributes and hooks are kept; isinstance still holds. Pickled, it comes back as
-   its own class running its own code.
+   its own class running its own code; deep-copied, it keeps the kernel.
 
 With no eligible implementation a module is left alone: the model's own code is the
 reference, and torch.compile can fuse it.
@@ -33,6 +33,7 @@ reference, and torch.compile can fuse it.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import statistics
@@ -80,6 +81,12 @@ class Substitution:
     kernel: BoundKernel
     facts: dict[str, Any]
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Substitution:
+        # Shared by copies: what the module runs, not its state (the pattern and facts are
+        # read-only; the kernel is the chosen implementation, whose checked-call record
+        # is the implementation's own), and a plugin's kernel need not copy.
+        return self
+
 
 _SUBCLASSES: dict[type, type] = {}
 
@@ -101,6 +108,18 @@ def _reduce_ex(self: nn.Module, protocol: Any) -> tuple[Any, ...]:
     return _restore, (type(self).__mro__[1], state)
 
 
+def _deepcopy(self: nn.Module, memo: dict[int, Any]) -> nn.Module:
+    # copy.deepcopy would otherwise go through __reduce_ex__, which is for pickling: the
+    # copy would run the module's own code while its report says substituted. A copy
+    # lives where the subclass exists, so it stays one, with the same Substitution (see
+    # Substitution.__deepcopy__); the rest is what deepcopy does for any nn.Module.
+    copied = type(self).__new__(type(self))
+    memo[id(self)] = copied
+    state = self.__getstate__()  # type: ignore[no-untyped-call]
+    copied.__setstate__(copy.deepcopy(state, memo))  # type: ignore[no-untyped-call]
+    return copied
+
+
 def substituted_class(cls: type) -> type:
     """A subclass of `cls` whose forward calls the substitution's kernel; same name, so
     code that matches module classes by name (Hugging Face's no-split lists) still does."""
@@ -110,7 +129,8 @@ def substituted_class(cls: type) -> type:
     if sub is None:
         sub = type(cls.__name__, (cls,), {
             "forward": _substituted_forward, "_torchbridge_substituted": True,
-            "__reduce_ex__": _reduce_ex, "__module__": cls.__module__,
+            "__reduce_ex__": _reduce_ex, "__deepcopy__": _deepcopy,
+            "__module__": cls.__module__,
             "__qualname__": cls.__qualname__,
             "__doc__": f"{cls.__qualname__} running a TorchBridge kernel (see "
                        "module._torchbridge_substitution)."})

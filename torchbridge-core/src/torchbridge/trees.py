@@ -101,7 +101,8 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
 
 def structure_difference(reference: Any, candidate: Any) -> str | None:
     """Why `candidate` is not a drop-in for `reference` (container types and keys, leaf
-    types, tensor shapes and dtypes), or None when it is."""
+    types, tensor shapes and dtypes, a contiguous tensor become strided), or None when it
+    is."""
     ref_leaves, ref_spec = flatten(reference)
     cand_leaves, cand_spec = flatten(candidate)
     if ref_spec != cand_spec:
@@ -113,6 +114,11 @@ def structure_difference(reference: Any, candidate: Any) -> str | None:
             if ref.shape != cand.shape:
                 return f"output {i} changed shape: {tuple(ref.shape)} became " \
                        f"{tuple(cand.shape)}"
+            if ref.is_contiguous() and not cand.is_contiguous():
+                # Same values, but user code that views the output (out.view(n, -1))
+                # raises where it ran on the model as given.
+                return f"output {i} is no longer contiguous (strides {tuple(ref.stride())} " \
+                       f"became {tuple(cand.stride())})"
         elif type(ref) is not type(cand):
             return f"output {i} changed type: {type(ref).__name__} became " \
                    f"{type(cand).__name__}"

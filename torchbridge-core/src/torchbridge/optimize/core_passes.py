@@ -5,7 +5,8 @@
 | device_placement | O0 | always |
 | conv_bn_folding | O1 | eval mode, a BatchNorm fed only by a conv (nn.Sequential order or |
 |  |  | one traced call on the sample input; no torch.fx) |
-| channels_last | O1 | the model has Conv2d and the device runs NHWC convolutions natively |
+| channels_last | O1 | the model has Conv2d and the device runs NHWC convolutions natively; |
+|  |  | feature maps come back laid out as eager's (one copy of each) |
 | transformer_composite | O2 | eval mode, nn.TransformerEncoderLayer: off the fused fast path |
 | autocast | O2 | the device has a native low-precision dtype (or config.precision names one), |
 |  |  | the model is not float64; with int8 on a CPU, not when nn.Linear is nearly |
@@ -18,15 +19,22 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from torchbridge import trees
 from torchbridge.errors import ConfigurationError
 from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize import folding, inductor_backend, settings
-from torchbridge.optimize.forward import autocast_forward, compile_state, compiled_forward
+from torchbridge.optimize.forward import (
+    autocast_forward,
+    compile_state,
+    compiled_forward,
+    install_forward,
+)
 from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
 from torchbridge.optimize.quantize import int8_float32_reason
@@ -82,12 +90,64 @@ def _channels_last_check(model: nn.Module, ctx: PassContext) -> str | None:
         return "no Conv2d in the model"
     if ctx.backend.device.type not in CHANNELS_LAST_DEVICES:
         return f"{ctx.backend.device.type} has no native channels_last convolutions"
+    # Module.to(memory_format=channels_last) converts every 4-D and 5-D tensor, and a 5-D
+    # one (a Conv3d weight) has no channels_last layout: the conversion raises.
+    five_d = next((name for name, t in [*model.named_parameters(), *model.named_buffers()]
+                   if t.dim() == 5), None)
+    if five_d is not None:
+        return f"{five_d} is 5-D (a 3-D convolution?): channels_last is for 4-D tensors"
     return None
 
 
 def _channels_last(model: nn.Module, ctx: PassContext) -> nn.Module:
     converted: nn.Module = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    eager_layout_outputs(converted)
+    ctx.notes.append("channels_last: feature maps the NHWC convolutions return channels_last "
+                     "are copied back to contiguous (one copy of each, on every call), as "
+                     "eager lays them out, unless an input is channels_last")
     return converted
+
+
+def _nhwc(t: torch.Tensor) -> bool:
+    """A 4-D tensor strided channels_last and not contiguous: one that view(n, -1) and the
+    like refuse. A (N, C, 1, 1) or (N, 1, H, W) tensor is both, so it is never copied."""
+    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) \
+        and not t.is_contiguous()
+
+
+def _as_eager_lays_out(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+    # A convolution returns channels_last when its input or its weight is: with contiguous
+    # inputs, eager's (contiguous) weights give contiguous feature maps, the converted ones
+    # channels_last. Channels_last inputs give channels_last feature maps in eager too:
+    # then the outputs are left as they come. (A model that turns NHWC by itself on
+    # contiguous inputs gets contiguous outputs here where eager's were channels_last:
+    # the same values, a layout every view of eager's works on but NHWC-order ones.)
+    if not any(_nhwc(t) and t.is_floating_point() for t in trees.leaves(out)
+               if isinstance(t, torch.Tensor)):
+        return out  # nothing to lay out: the output object itself, not rebuilt
+    if any(_nhwc(t) for t in trees.tensors((args, kwargs))):
+        return out
+    # The cost of the drop-in: one copy of each such output, on every call (traced into
+    # the compiled graph at O2/O3).
+    return trees.map_tensors(
+        lambda t: t.contiguous() if t.is_floating_point() and _nhwc(t) else t, out)
+
+
+def eager_layout_outputs(model: nn.Module) -> None:
+    """The model's floating 4-D outputs come back contiguous where they are channels_last
+    only because its conv weights are (the channels_last pass): user code that views them
+    (`out.view(batch, -1)`) works as on the eager model. Under torch.compile (the compile
+    pass compiles this forward) the copy is traced with the model. A walk that has to
+    register an output type pytree does not know yet (a dataclass or dict subclass output,
+    compiled at the first call: no sample input) breaks the graph there, at its end, as
+    autocast's cast back does."""
+
+    def make(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return _as_eager_lays_out(args, kwargs, inner(*args, **kwargs))
+        return forward
+
+    install_forward(model, make, eager_layout_outputs)
 
 
 def _is_channels_last(model: nn.Module, ctx: PassContext) -> str | None:
@@ -287,7 +347,8 @@ def core_passes() -> list[OptimizationPass]:
                          o0, _place, order=0, effect=_placed),
         OptimizationPass("conv_bn_folding", "folded BatchNorm into the preceding convolution",
                          o1, _fold_conv_bn, _conv_bn_check, mode="inference", order=10),
-        OptimizationPass("channels_last", "converted conv weights to channels_last (NHWC)",
+        OptimizationPass("channels_last", "converted conv weights to channels_last (NHWC); "
+                         "feature maps returned contiguous, as eager returns them",
                          o1, _channels_last, _channels_last_check, order=20,
                          effect=_is_channels_last),
         OptimizationPass("transformer_composite", "TransformerEncoderLayers run ordinary "

@@ -18,7 +18,7 @@ from torch import nn
 
 from torchbridge.optimize.forward import CompileState, compile_state, uncompiled
 from torchbridge.optimize.measure import Timer, preserved_state, round_robin, wall_timer
-from torchbridge.optimize.report import PassRecord
+from torchbridge.optimize.report import COMPILE_PASS, PassRecord
 
 if TYPE_CHECKING:
     from torchbridge.optimize.run import Run
@@ -47,7 +47,6 @@ logger = logging.getLogger("torchbridge.optimize.pipeline")
 # slower than it is (seen: "prepared 1100 ms" against 33 ms for O0, and compile undone
 # for it).
 WARMUP, REPEATS, MAX_REPEATS, MIN_SECONDS, MARGIN = 0, 3, 9, 0.1, 0.10
-COMPILE_PASS = "compile"
 
 
 def default_timer(synchronize: Callable[[], None]) -> Timer:

@@ -7,7 +7,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -23,9 +23,11 @@ def flatten_tensors(obj: Any) -> list[torch.Tensor]:
 
 def split_sample(sample_input: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """A sample input as (positional, keyword) call arguments: a tuple is the positional
-    arguments, a dict (not a dict subclass such as a ModelOutput) the keyword arguments
-    (HF style: input_ids=..., attention_mask=...), anything else the one argument."""
-    if type(sample_input) is dict:
+    arguments, a dict (not a dict subclass such as a ModelOutput) or another mapping that
+    is not a dict (a tokenizer's BatchEncoding, a UserDict) the keyword arguments (HF
+    style: input_ids=..., attention_mask=...), anything else the one argument."""
+    if type(sample_input) is dict or (isinstance(sample_input, Mapping)
+                                      and not isinstance(sample_input, dict)):
         if not all(isinstance(k, str) for k in sample_input):
             raise ModelOptimizationError("a dict sample_input holds keyword arguments: its "
                                          f"keys must be strings, got {list(sample_input)!r}")
@@ -48,9 +50,41 @@ def call_args(backend: Any, sample_input: Any) -> tuple[Any, ...]:
 
 def sample_call(backend: Any, sample_input: Any) -> Callable[[Any], Any]:
     """`call(model)`: the model called on the sample input, moved to the backend's device
-    once."""
-    args, kwargs = backend.to_device(split_sample(sample_input))
-    return lambda model: model(*args, **kwargs)
+    once. Every call sees the same input values, and the caller's tensors are never passed
+    to a model: the calls get a private copy. A model that writes to its input (`x.mul_(2)`)
+    would otherwise change the caller's sample and give each later call (O0's reference,
+    the check after each pass, the timing) another input, so that every pass looked as if
+    it drifted. Tensor version counters tell such a write (an in-place op bumps them, at a
+    cost of nothing); the copy is then put back to the sample's values before the next
+    call."""
+    pristine = backend.to_device(split_sample(sample_input))
+    with torch.inference_mode(False):  # version counters: inference tensors have none
+        args, kwargs = trees.map_tensors(_private_copy, pristine)
+    inputs = [t for t in trees.tensors((args, kwargs)) if not t.is_inference()]
+    originals = trees.tensors(pristine)
+    versions = [t._version for t in inputs]
+
+    def call(model: Any) -> Any:
+        try:
+            return model(*args, **kwargs)
+        finally:
+            if any(t._version != v for t, v in zip(inputs, versions, strict=True)):
+                _restore(trees.tensors((args, kwargs)), originals)
+                versions[:] = [t._version for t in inputs]
+    return call
+
+
+def _private_copy(t: torch.Tensor) -> torch.Tensor:
+    copied = t.detach().clone()
+    return copied.requires_grad_() if t.requires_grad else copied
+
+
+def _restore(copies: list[torch.Tensor], originals: list[torch.Tensor]) -> None:
+    with torch.no_grad(), torch.inference_mode(False):
+        for copied, original in zip(copies, originals, strict=True):
+            if copied.shape != original.shape:  # resized in place (x.resize_)
+                copied.resize_(original.shape)
+            copied.copy_(original)
 
 
 @contextlib.contextmanager
@@ -114,25 +148,42 @@ def tensor_drift(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[floa
     return diff, diff / scale if scale > 0 else diff
 
 
+class UncheckableOutput(ValueError):
+    """The outputs hold nothing the checks can compare (output_drift)."""
+
+
 def output_drift(reference: Any, candidate: Any) -> tuple[float, float]:
     """(max abs diff, max abs diff / max |reference|) over every tensor and number in the
     outputs (dataclass fields and Python floats included), in float32. Raises ValueError
-    naming the difference when the outputs differ in structure."""
+    naming the difference when the outputs differ in structure, or when they hold objects
+    the walker cannot look into and nothing it can compare."""
     problem = trees.structure_difference(reference, candidate)
     if problem is not None:
         raise ValueError(problem)
     max_abs, max_rel = 0.0, 0.0
+    compared, opaque = 0, set()
     for ref, cand in zip(trees.leaves(reference), trees.leaves(candidate), strict=True):
         if isinstance(ref, torch.Tensor):
             diff, rel = tensor_drift(ref, cand)
         elif isinstance(ref, (int, float, complex)) and not isinstance(ref, bool):
             diff = abs(ref - cand)
             rel = diff / abs(ref) if ref else diff
-        else:
-            continue  # strings, None, cache objects: their type was checked above
+        else:  # strings, None, cache objects: their type was checked above
+            if ref is not None and not isinstance(ref, (str, bytes, bool)):
+                opaque.add(type(ref).__name__)
+            continue
+        compared += 1
         if diff != diff:  # NaN where the reference has none
             diff = rel = float("inf")
         max_abs, max_rel = max(max_abs, diff), max(max_rel, rel)
+    if not compared and opaque:
+        # An output object the walker cannot look into (a class of the model's own that is
+        # neither a dataclass nor a dict): a drift of 0 would say every pass was checked
+        # when none was, and the casts back to the model's dtype would not reach inside.
+        raise UncheckableOutput(
+            f"the output ({', '.join(sorted(opaque))}) holds no tensor the checks can see, so "
+            "no pass can be checked against it: return tensors in a tuple, dict or "
+            "dataclass, or register the type with torch.utils._pytree.register_pytree_node")
     return max_abs, max_rel
 
 

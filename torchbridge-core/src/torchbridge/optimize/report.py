@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 _RESULT_ATTR = "_torchbridge_optimization_result"
 QUANTIZE_PASS = "quantize"
+COMPILE_PASS = "compile"
 QUANTIZE_NOT_ASKED = "no quantization asked for (prepare_model(quantize=...) or config " \
                      "optimization.quantize)"
 
@@ -57,6 +58,9 @@ class OptimizationResult:
     # pass record's status: quantization_outcome() puts them together.
     quantize_mode: str | None = None
     quantization: QuantizationReport | None = None
+    # Applied passes whose effect lives in the compiled forward (compile options): failed
+    # with it should the compiled forward fail at a call after prepare_model returned.
+    compile_dependents: list[str] = field(default_factory=list)
 
     def restore_process_settings(self) -> list[str]:
         """Put back the process-wide settings this run left changed (scope "process"); the
@@ -81,7 +85,32 @@ class OptimizationResult:
         return problems
 
     def _named(self, status: str) -> list[PassRecord]:
+        self._note_later_compile_failure()
         return [p for p in self.passes if p.status == status]
+
+    def _note_later_compile_failure(self) -> None:
+        """The compiled forward runs uncompiled for good once it failed at a call after
+        prepare_model returned (a recompile for another input shape that inductor cannot
+        compile: forward.compiled_forward); from then on the report says so too, instead
+        of listing compile as applied."""
+        from torchbridge.optimize.forward import compile_state
+
+        state = compile_state(self.model)
+        if state is None or state.error is None:
+            return
+        why = f"the compiled forward failed at a call after prepare_model returned " \
+              f"({type(state.error).__name__}: {state.error}); the model runs uncompiled " \
+              "from then on"
+        for i, record in enumerate(self.passes):
+            if record.status != "applied":
+                continue
+            if record.name == COMPILE_PASS:
+                self.passes[i] = PassRecord(record.name, "failed", why, record.plugin,
+                                            record.seconds)
+            elif record.name in self.compile_dependents:
+                self.passes[i] = PassRecord(record.name, "failed",
+                                            f"{record.name} is a compile option, and {why}",
+                                            record.plugin, record.seconds)
 
     @property
     def applied(self) -> list[PassRecord]:
@@ -134,6 +163,7 @@ class OptimizationResult:
             f"quantization {outcome['mode']} rolled back: {detail}"
 
     def to_dict(self) -> dict[str, Any]:
+        self._note_later_compile_failure()
         return {
             "backend": self.backend, "level": self.level.value,
             "passes": [p.__dict__ for p in self.passes], "notes": self.notes,
@@ -147,6 +177,7 @@ class OptimizationResult:
         }
 
     def summary(self) -> str:
+        self._note_later_compile_failure()
         lines = [f"{self.backend} {self.level.value}:"]
         for p in self.passes:
             lines.append(f"  {p.status:8} {p.name}: {p.detail}")

@@ -18,9 +18,9 @@ from torch import nn
 from torchbridge.errors import ModelOptimizationError, TorchBridgeError
 from torchbridge.optimize import settings as process
 from torchbridge.optimize.forward import compile_state
-from torchbridge.optimize.measure import output_drift, preserved_state
+from torchbridge.optimize.measure import UncheckableOutput, output_drift, preserved_state
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
-from torchbridge.optimize.report import OptimizationResult, PassRecord
+from torchbridge.optimize.report import COMPILE_PASS, OptimizationResult, PassRecord
 from torchbridge.optimize.settings import watched
 from torchbridge.optimize.snapshot import ModelChanges, ModelSnapshot, SnapshotRestoreError
 from torchbridge.plugins import get_plugin_host, is_fatal
@@ -73,6 +73,8 @@ def _verify(model: nn.Module, call: Callable[[nn.Module], Any], reference: Any,
                           f"{type(state.error).__name__}: {state.error}")
     try:
         max_abs, max_rel = output_drift(reference, out)
+    except UncheckableOutput as exc:
+        raise _Uncheckable(str(exc)) from None
     except ValueError as exc:
         raise _Unverified(str(exc)) from None
     if output_check is not None:
@@ -86,8 +88,25 @@ def _verify(model: nn.Module, call: Callable[[nn.Module], Any], reference: Any,
     return max_abs, max_rel
 
 
+class _CompileFailedProbe(Exception):
+    """Stands for a compile error while Run._find_compile_dependents asks the effects."""
+
+
+def _effect_missing(entry: _Applied, run: Run) -> str | None:
+    assert entry.p.effect is not None
+    try:
+        return entry.p.effect(run.work, run.ctx)
+    except Exception as exc:  # an effect check that cannot answer: not known to depend
+        logger.debug("effect check of %s raised: %s", entry.p.name, exc)
+        return None
+
+
 class _Unverified(Exception):
     """A pass's result failed the check on the sample input."""
+
+
+class _Uncheckable(_Unverified):
+    """The model's outputs hold nothing the check can compare: no pass can be verified."""
 
 
 class _Lied(Exception):
@@ -276,6 +295,25 @@ class Run:
             if entry.changes.model:
                 self.result.notes.append(f"{entry.p.name}: its changes to the model stay "
                                          f"({entry.changes.describe()})")
+        self._find_compile_dependents()
+
+    def _find_compile_dependents(self) -> None:
+        """The applied passes whose effect lives in the compiled forward (compile options
+        such as inductor freezing): their effect checks, asked as if the compiled forward
+        had failed. Should it fail at a later call, the report lists them failed with
+        compile (OptimizationResult.compile_dependents)."""
+        state = compile_state(self.work)
+        if state is None or state.error is not None:
+            self.result.compile_dependents = []
+            return
+        state.error = _CompileFailedProbe("what if the compiled forward failed")
+        try:
+            self.result.compile_dependents = [
+                entry.p.name for entry in self.applied
+                if entry.effective and entry.p.effect is not None
+                and entry.p.name != COMPILE_PASS and _effect_missing(entry, self) is not None]
+        finally:
+            state.error = None
 
     def _hand_over(self, entry: _Applied, name: str, before: Any, after: Any) -> bool:
         """A pass found without effect is as if it had not run. The later applied passes
@@ -357,6 +395,13 @@ class Run:
                                            self.tolerance, self.output_check)
                 self.result.max_abs_diff, self.result.max_rel_diff = max_abs, max_rel
                 return
+            except _Uncheckable as exc:
+                if not any(entry.p.order > 0 for entry in self.applied):
+                    # The model as given (placed): nothing it could drift from.
+                    self.result.max_abs_diff = self.result.max_rel_diff = None
+                    self.result.notes.append(f"outputs not checked: {exc}")
+                    return
+                problem = str(exc)
             except Exception as exc:
                 problem = str(exc) if isinstance(exc, _Unverified) else \
                     f"{type(exc).__name__}: {exc}"

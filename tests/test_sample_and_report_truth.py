@@ -1,0 +1,192 @@
+"""What prepare_model says against what happened, at the edges a first user round found:
+a model that writes to its input, a tokenizer's BatchEncoding as the sample, an output
+object the checks cannot look into, a compiled forward that fails after prepare_model
+returned, and a pass that leaves the output strided. Timing decisions here use an
+injected timer: nothing depends on this machine's speed."""
+
+from __future__ import annotations
+
+import collections
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torchbridge
+from torch import nn
+from torchbridge.levels import OptimizationLevel
+from torchbridge.optimize.passes import OptimizationPass
+from torchbridge.optimize.pipeline import run_pipeline
+
+
+def keep_prepared(label: str, fn: Any) -> float:
+    """A timer under which the prepared model wins, as it does where it is faster."""
+    fn()
+    return {"O0": 1.0}.get(label, 0.1)
+
+
+class WritesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("level", ["O0", "O1", "O2"])
+def test_a_model_that_writes_its_input_is_checked_on_the_sample_and_leaves_it_alone(
+        level: str) -> None:
+    torch.manual_seed(0)
+    model = WritesItsInput().eval()
+    x = torch.ones(8, 16)
+    expected = copy.deepcopy(model)(x.clone())
+    result = run_pipeline(torchbridge.get_backend("cpu"), model, level, sample_input=x,
+                          timer=keep_prepared)
+    assert torch.equal(x, torch.ones(8, 16))  # the caller's sample, as it was
+    assert not result.failed, result.summary()
+    assert result.max_rel_diff is not None and result.max_rel_diff <= 0.05
+    out = result.model(x.clone())
+    torch.testing.assert_close(out.float(), expected, atol=0.05, rtol=0.05)
+
+
+class Keywords(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.linear(input_ids * attention_mask)
+
+
+@pytest.mark.parametrize("mapping", [collections.UserDict, "BatchEncoding"])
+def test_a_mapping_that_is_not_a_dict_is_keyword_arguments(mapping: Any) -> None:
+    if mapping == "BatchEncoding":
+        mapping = pytest.importorskip("transformers").BatchEncoding
+    torch.manual_seed(0)
+    model = Keywords().eval()
+    ids, mask = torch.randn(2, 8), torch.ones(2, 8)
+    sample = mapping({"input_ids": ids, "attention_mask": mask})
+    result = torchbridge.get_backend("cpu").optimize(model, "O1", sample_input=sample)
+    assert result.max_rel_diff == 0.0
+    torch.testing.assert_close(result.model(input_ids=ids, attention_mask=mask),
+                               model(ids, mask))
+
+
+class Out:
+    """A model's own output class: neither a dataclass nor a dict."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+
+class OpaqueOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 256), nn.Linear(256, 32)
+
+    def forward(self, x: torch.Tensor) -> Out:
+        return Out(self.b(torch.relu(self.a(x))))
+
+
+def test_an_output_the_checks_cannot_see_into_gets_no_unchecked_pass() -> None:
+    torch.manual_seed(0)
+    model, x = OpaqueOutput().eval(), torch.randn(8, 64)
+    expected = model(x).logits
+    result = run_pipeline(torchbridge.get_backend("cpu"), copy.deepcopy(model), "O2",
+                          sample_input=x, timer=keep_prepared)
+    changed = [p.name for p in result.applied if p.name != "device_placement"]
+    assert changed == [], result.summary()
+    assert any("holds no tensor the checks can see" in p.detail for p in result.failed)
+    assert result.max_rel_diff is None
+    assert any(n.startswith("outputs not checked") for n in result.notes)
+    out = result.model(x).logits
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected)
+
+
+def test_an_output_the_checks_cannot_see_into_fails_a_strict_run() -> None:
+    model, x = OpaqueOutput().eval(), torch.randn(8, 64)
+    with pytest.raises(torchbridge.ModelOptimizationError, match="holds no tensor"):
+        run_pipeline(torchbridge.get_backend("cpu"), model, "O2", sample_input=x,
+                     strict=True, timer=keep_prepared)
+
+
+def test_at_o0_an_opaque_output_is_returned_unchanged_with_a_note() -> None:
+    model, x = OpaqueOutput().eval(), torch.randn(8, 64)
+    result = torchbridge.get_backend("cpu").optimize(model, "O0", sample_input=x)
+    assert result.optimizations_applied == ["device_placement"]
+    assert any(n.startswith("outputs not checked") for n in result.notes)
+
+
+def test_a_compiled_forward_that_fails_later_is_reported_failed(
+        reload_plugins: None) -> None:
+    """A recompile (an input of another rank) that the compiler cannot build: the model runs
+    uncompiled from then on, and the report no longer lists compile, or the compile
+    options riding on it, as applied."""
+
+    compiles: list[int] = []
+
+    def breaks_on_other_shapes(gm: Any, example_inputs: Any) -> Any:
+        compiles.append(len(example_inputs))
+        if len(compiles) > 1:  # the sample's compile works; a recompile does not
+            raise RuntimeError("the compiler broke on the new shape")
+        return gm.forward
+
+    class FlakyCompiler:
+        @torchbridge.hookimpl(tryfirst=True)
+        def torchbridge_optimization_passes(self, backend: Any, level: Any
+                                            ) -> list[OptimizationPass]:
+            def choose(model: nn.Module, ctx: Any) -> nn.Module:
+                ctx.state["compile_backend"] = breaks_on_other_shapes
+                return model
+            return [OptimizationPass("flaky_compiler", "picks a compiler that breaks "
+                                     "on recompiles", OptimizationLevel.O2, choose,
+                                     order=70, mutates=False)]
+
+    torchbridge.register_plugin(FlakyCompiler(), name="flaky_compiler")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    backend = torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(
+        optimization={"disabled_passes": ["compile_value_check"]}))
+    result = run_pipeline(backend, model, "O3", sample_input=torch.randn(4, 16),
+                          timer=keep_prepared)
+    assert "compile" in result.optimizations_applied, result.summary()
+    riding = [name for name in result.compile_dependents
+              if name in result.optimizations_applied]
+    assert "inference_freezing" in riding
+    with torch.no_grad():
+        other = torch.randn(2, 3, 16)  # another rank: always a recompile
+        torch.testing.assert_close(result.model(other).float(), model(other),
+                                   atol=0.05, rtol=0.05)
+    applied = result.optimizations_applied
+    assert "compile" not in applied and not set(riding) & set(applied)
+    record = next(p for p in result.passes if p.name == "compile")
+    assert record.status == "failed" and "after prepare_model returned" in record.detail
+    assert "compiler broke on the new shape" in result.summary()
+    report = torchbridge.optimization_result(result.model)
+    assert report is not None and "compile" not in report.optimizations_applied
+
+
+def test_a_pass_that_leaves_outputs_strided_is_rolled_back(reload_plugins: None) -> None:
+    """Same values, another layout: user code that views the output would raise."""
+    from torchbridge.optimize.forward import install_forward
+
+    class Transposes:
+        @torchbridge.hookimpl
+        def torchbridge_optimization_passes(self, backend: Any, level: Any
+                                            ) -> list[OptimizationPass]:
+            def strided(model: nn.Module, ctx: Any) -> nn.Module:
+                install_forward(model, lambda inner: (
+                    lambda *a, **k: inner(*a, **k).t().contiguous().t()))
+                return model
+            return [OptimizationPass("transposes", "returns its output column-major",
+                                     OptimizationLevel.O1, strided, order=30)]
+
+    torchbridge.register_plugin(Transposes(), name="transposes")
+    model, x = nn.Linear(16, 8).eval(), torch.randn(4, 16)
+    result = run_pipeline(torchbridge.get_backend("cpu"), model, "O1", sample_input=x)
+    record = next(p for p in result.passes if p.name == "transposes")
+    assert record.status == "failed" and "no longer contiguous" in record.detail
+    assert result.model(x).view(-1).shape == (32,)

@@ -190,3 +190,22 @@ def test_a_pass_that_leaves_outputs_strided_is_rolled_back(reload_plugins: None)
     record = next(p for p in result.passes if p.name == "transposes")
     assert record.status == "failed" and "no longer contiguous" in record.detail
     assert result.model(x).view(-1).shape == (32,)
+
+
+def test_torch_save_of_a_model_with_its_own_forward_says_what_to_do(tmp_path: Any) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    backend = torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(
+        optimization={"disabled_passes": ["compile"]}))
+    result = run_pipeline(backend, model, "O2", sample_input=torch.randn(4, 16),
+                          timer=keep_prepared)
+    assert "autocast" in result.optimizations_applied, result.summary()
+    with pytest.raises(torchbridge.ModelOptimizationError, match="state_dict"):
+        torch.save(result.model, tmp_path / "model.pt")
+    torchbridge.save_checkpoint(result.model, tmp_path / "weights.pt")
+    fresh = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    fresh.load_state_dict(torchbridge.load_checkpoint(tmp_path / "weights.pt"))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
+                                                 model.state_dict().values(), strict=True))
+    twin = copy.deepcopy(result.model)  # a deep copy is not a pickle: it still works
+    torch.testing.assert_close(twin(torch.ones(2, 16)), result.model(torch.ones(2, 16)))

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from torchbridge import trees
+from torchbridge.errors import ModelOptimizationError
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def _own_code(fn: Callable[..., Any], like: Callable[..., Any]) -> Callable[...,
 
 _RECIPE = "_torchbridge_forward_recipe"
 # The instance attributes install_forward sets: how the model runs, not what it holds.
-FORWARD_KEYS = frozenset({"forward", "__deepcopy__", _RECIPE})
+FORWARD_KEYS = frozenset({"forward", "__deepcopy__", "__reduce_ex__", _RECIPE})
 
 
 def install_forward(model: nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]],
@@ -54,11 +55,22 @@ def install_forward(model: nn.Module, make: Callable[[Callable[..., Any]], Calla
     # a snapshot taken before this pass holds the old one
     # copy.deepcopy looks __deepcopy__ up on the instance: the copy gets its own forward.
     model.__dict__["__deepcopy__"] = types.MethodType(_deepcopy_prepared, model)
+    # So does pickle __reduce_ex__: the installed forward (compiled, autocast) is a closure
+    # that does not pickle, and torch.save(model) failed with "Can't pickle <function
+    # Sequential.forward>: it's not the same object as ...". It now says what to do.
+    model.__dict__["__reduce_ex__"] = types.MethodType(_refuse_pickling, model)
+
+
+def _refuse_pickling(model: nn.Module, protocol: Any) -> Any:
+    raise ModelOptimizationError(
+        f"this {type(model).__name__} was prepared by prepare_model, which runs it through "
+        "a forward of its own (compiled, under autocast, ...) that does not pickle: save "
+        "its weights instead (model.state_dict(), or torchbridge.save_checkpoint(model, "
+        "path)), load them into the model as built, and prepare that again")
 
 
 def _deepcopy_prepared(model: nn.Module, memo: dict[int, Any]) -> nn.Module:
-    state = {k: v for k, v in model.__dict__.items()
-             if k not in ("forward", "__deepcopy__", _RECIPE)}
+    state = {k: v for k, v in model.__dict__.items() if k not in FORWARD_KEYS}
     recipe = model.__dict__.get(_RECIPE, [])
     copied = model.__class__.__new__(model.__class__)
     memo[id(model)] = copied

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+import torchbridge
 from torchbridge import bench, bench_firstcall, bench_render
 from torchbridge.errors import ConfigurationError
 
@@ -450,3 +451,29 @@ def test_a_calls_breakdown_adds_up_to_the_profiled_call() -> None:
     assert b["profiled_ms"] == pytest.approx(sum(b[f"{p}_ms"] for p in parts))
     assert b["matmuls_ms"] > 0 and b["attention_ms"] == b["guards_ms"] == 0
     assert b["matmul_gflops"] is not None and b["matmul_gflops"] > 0 and b["wall_ms"] > 0
+
+
+def test_a_row_without_a_sample_input_describes_what_its_first_call_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a sample input the first call decides what is kept: the row's passes and
+    compute dtype are read after it (they were read before, and a row timing O0 in float32
+    said bfloat16 and listed the undone passes as applied)."""
+    def o0_fastest(synchronize: Any) -> Any:
+        def time_call(label: str, fn: Any) -> float:
+            fn()
+            return {"O0": 0.1}.get(label, 1.0)
+        return time_call
+
+    monkeypatch.setattr("torchbridge.optimize.fastest.default_timer", o0_fastest)
+    backend = torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(
+        optimization={"disabled_passes": ["compile"]}))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 64)).eval()
+    x = torch.randn(4, 64)
+    with torch.inference_mode():
+        expected = model(x)
+    row = bench._prepare(backend, "O3 no sample", model, x, expected)
+    applied = [p["name"] for p in row.passes if p["status"] == "applied"]
+    assert row.compute_dtype == "float32" and "autocast" not in applied, row.passes
+    assert any(p["name"] == "(first call timing)" for p in row.passes)

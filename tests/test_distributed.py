@@ -183,6 +183,19 @@ def test_ddp_at_O2_wraps_outside_autocast_and_compile_and_trains() -> None:
     assert prepared(x).dtype == torch.float32
 
 
+def test_save_checkpoint_of_a_ddp_model_saves_the_users_keys(tmp_path: Path) -> None:
+    """DDP's "module." prefix is not the model's: a checkpoint loads into the model as
+    built."""
+    ctx = tbd.initialize()
+    model = worker.make_model()
+    prepared = ctx.backend.prepare_model(model, "O1", distributed="ddp")
+    assert isinstance(prepared, nn.parallel.DistributedDataParallel)
+    torchbridge.save_checkpoint(prepared, tmp_path / "model.pt")
+    state = torchbridge.load_checkpoint(tmp_path / "model.pt")
+    assert state.keys() == model.state_dict().keys()
+    worker.make_model().load_state_dict(state)
+
+
 # -- torchbridge launch ----------------------------------------------------------------------
 
 def launch(tmp_path: Path, *args: str, timeout: float = HANG_S

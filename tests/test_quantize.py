@@ -428,3 +428,38 @@ def test_where_each_mode_runs_on_gpus() -> None:
     assert "no XMX" in (unsupported("int8", _gpu("Intel", "12.0", xmx=False), "xpu") or "")
     assert unsupported("float8", _gpu("Intel", "12.60", xmx=True), "xpu") is None
     assert "no int8 kernels for xla" in (unsupported("int8", h100, "xla") or "")
+
+
+@needs_torchao
+def test_linears_tied_to_one_weight_share_one_quantized_weight() -> None:
+    class TiedLinears(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(32, 32), nn.Linear(32, 32)
+            self.b.weight = self.a.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(x)))
+
+    torch.manual_seed(0)
+    model = TiedLinears().eval()
+    result = torchbridge.get_backend("cpu").optimize(
+        model, "O1", sample_input=torch.randn(16, 32), quantize="int8")
+    assert result.quantization_outcome()["status"] == "applied", result.summary()
+    q = result.model
+    assert q.a.weight is q.b.weight and type(q.a.weight).__name__ != "Parameter"
+    assert model.a.weight is model.b.weight  # the caller's model keeps its own tie
+
+
+@needs_torchao
+def test_a_quantized_checkpoint_loaded_with_a_dtype_is_refused(tmp_path: Any) -> None:
+    """torchao's weights keep their dtype under .to(dtype): cast silently, half the
+    checkpoint would have come back in another dtype than asked."""
+    result = torchbridge.get_backend("cpu").optimize(
+        _mlp(), "O1", sample_input=_sample(), quantize="int8")
+    assert result.quantization_outcome()["status"] == "applied", result.summary()
+    torchbridge.save_checkpoint(result.model, tmp_path / "q.pt")
+    with pytest.raises(torchbridge.CheckpointError, match="without dtype="):
+        torchbridge.load_checkpoint(tmp_path / "q.pt", dtype=torch.bfloat16)
+    state = torchbridge.load_checkpoint(tmp_path / "q.pt")
+    assert state.keys() == result.model.state_dict().keys()

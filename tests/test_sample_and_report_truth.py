@@ -209,3 +209,34 @@ def test_torch_save_of_a_model_with_its_own_forward_says_what_to_do(tmp_path: An
                                                  model.state_dict().values(), strict=True))
     twin = copy.deepcopy(result.model)  # a deep copy is not a pickle: it still works
     torch.testing.assert_close(twin(torch.ones(2, 16)), result.model(torch.ones(2, 16)))
+
+
+def test_a_state_dict_loaded_into_a_folded_model_runs_its_batchnorms() -> None:
+    """Weights of the model as built (fine-tuned, say) loaded into the O1 model whose
+    BatchNorm was folded: the BatchNorm runs again, so the outputs are the model's, and the
+    report no longer lists the folding as applied. A checkpoint of the prepared model
+    itself loads back to the same outputs."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(288, 5))
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].running_var.uniform_(0.5, 2)
+    model.eval()
+    x = torch.randn(4, 3, 8, 8)
+    result = torchbridge.get_backend("cpu").optimize(model, "O1", sample_input=x)
+    assert "conv_bn_folding" in result.optimizations_applied, result.summary()
+    prepared = result.model
+    own = copy.deepcopy(prepared.state_dict())
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)  # the weights change after preparing
+        model[0].weight.mul_(1.5)
+        expected = model(x)
+        prepared.load_state_dict(model.state_dict())
+        torch.testing.assert_close(prepared(x), expected, atol=1e-5, rtol=1e-5)
+    assert "conv_bn_folding" not in result.optimizations_applied
+    twin = copy.deepcopy(model)
+    twin.load_state_dict(own)  # the prepared model's own checkpoint, in the class as built
+    again = torchbridge.get_backend("cpu").optimize(copy.deepcopy(twin), "O1", sample_input=x)
+    with torch.no_grad():
+        torch.testing.assert_close(again.model(x), twin(x), atol=1e-5, rtol=1e-5)

@@ -46,6 +46,7 @@ from torchbridge import safetensors_io
 from torchbridge.atomic_file import describe_os_error, remove_dead_temporaries, write_atomically
 from torchbridge.backend import get_backend
 from torchbridge.errors import CheckpointError
+from torchbridge.wrapped import unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -56,16 +57,6 @@ _FORMATS = ("torch", "safetensors")
 # (float8 -> float64 is 8x), plus a fixed allowance for tensors not backed by file bytes.
 _EXPANSION = 8
 _ALLOWANCE = 64 * 1024 * 1024
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside prepare_model's wrappers (torch.compile, autocast), so a
-    prepared model saves under the same keys as the original."""
-    while True:  # the core's passes change forward in place; plugins may wrap
-        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
 
 
 def _host_copy(state: Any) -> Any:
@@ -353,8 +344,14 @@ def _place_all(state: Any, path: Path, size: int, device: torch.device | None,
     def place(t: torch.Tensor) -> torch.Tensor:
         want = target_dtype(t)
         if not dense(t):
-            t = t.to(want)
-            return t.to(device) if device is not None else t
+            moved = t.to(want)
+            if moved.dtype != want:  # a quantized weight (torchao's): its dtype is its
+                # dequantized values', which .to() leaves as they are
+                raise CheckpointError(
+                    f"checkpoint {path} holds {type(t).__name__} tensors (quantized weights), "
+                    f"which do not convert to {want} (they stay {moved.dtype}): load it "
+                    "without dtype=")
+            return moved.to(device) if device is not None else moved
         if want == t.dtype and device is None:
             return t
         storage = t.untyped_storage()

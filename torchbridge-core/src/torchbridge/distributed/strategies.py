@@ -30,6 +30,7 @@ from torch import nn
 from torchbridge.distributed.context import DistributedContext, current_context
 from torchbridge.errors import DistributedError
 from torchbridge.optimize.report import PassRecord, attach_result
+from torchbridge.wrapped import unwrap
 
 if TYPE_CHECKING:
     from torchbridge.backend import Backend
@@ -51,18 +52,9 @@ FSDP_UNSUPPORTED = {
 
 def user_module(model: nn.Module) -> nn.Module:
     """The user's module inside the wrappers around it (DDP; torch.compile's when a plugin's
-    pass wraps).
+    pass wraps), whose keys a checkpoint saves under (torchbridge.wrapped.unwrap).
     With FSDP2 it is the module `fully_shard` sharded in place."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    while True:
-        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
-        elif isinstance(inner, nn.Module):
-            model = inner
-        else:  # the core's autocast and compile change forward in place: no wrapper
-            return model
+    return unwrap(model)
 
 
 def fully_shard_function() -> Callable[..., Any] | None:

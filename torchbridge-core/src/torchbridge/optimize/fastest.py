@@ -119,7 +119,7 @@ def keep_fastest(run: Run, baseline: nn.Module | None, timer: Timer, decide: boo
         undone = _undo(run, stop, why)
         what = "its forward uncompiled" if kept == "uncompiled" else "as O0 (as given, placed)"
         result.notes.append(f"{why}: {kept} was the fastest, so the model runs {what}; "
-                            f"undone: {', '.join(undone)}")
+                            f"undone: {', '.join(undone) or 'nothing (no pass had changed it)'}")
         logger.info("prepare_model kept %s: %s; undone: %s", kept, figures,
                     ", ".join(undone))
         run.check_effects()

@@ -192,8 +192,16 @@ def _quantize_each(linears: list[tuple[str, nn.Linear]], config: Any,
 
     done: list[str] = []
     refused: list[str] = []
+    # Linears tied to one weight get one quantized weight: quantized one layer at a time,
+    # each would hold a copy of its own (two tensors in memory and in the state_dict).
+    quantized_for: dict[int, nn.Module] = {}
     for name, m in linears:
         weight, values = m.weight, m.weight.data
+        first = quantized_for.get(id(weight))
+        if first is not None and _quantized(first):
+            m.register_parameter("weight", cast(nn.Parameter, first.weight))
+            done.append(name)
+            continue
         try:
             if weight_dtype is not None and weight.dtype not in (torch.bfloat16,
                                                                    torch.float16):
@@ -204,6 +212,7 @@ def _quantize_each(linears: list[tuple[str, nn.Linear]], config: Any,
                     m.forward(torch.zeros(1, m.in_features, dtype=weight.dtype,
                                           device=weight.device))
                 done.append(name)
+                quantized_for[id(weight)] = m
         except Exception as exc:
             # The Parameter object it had, with its values, registered again.
             weight.data = values

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 _RESULT_ATTR = "_torchbridge_optimization_result"
 QUANTIZE_PASS = "quantize"
 COMPILE_PASS = "compile"
+FOLDING_PASS = "conv_bn_folding"
 QUANTIZE_NOT_ASKED = "no quantization asked for (prepare_model(quantize=...) or config " \
                      "optimization.quantize)"
 
@@ -86,7 +87,22 @@ class OptimizationResult:
 
     def _named(self, status: str) -> list[PassRecord]:
         self._note_later_compile_failure()
+        self._note_unfolded()
         return [p for p in self.passes if p.status == status]
+
+    def _note_unfolded(self) -> None:
+        """A state dict loaded into the prepared model makes its folded BatchNorms
+        BatchNorms again (folding.FoldedBatchNorm): with none left folded, the report says
+        so instead of listing conv_bn_folding as applied."""
+        from torchbridge.optimize.folding import FoldedBatchNorm
+
+        for i, record in enumerate(self.passes):
+            if record.name == FOLDING_PASS and record.status == "applied" and not any(
+                    isinstance(m, FoldedBatchNorm) for m in self.model.modules()):
+                self.passes[i] = PassRecord(
+                    record.name, "skipped", "undone after prepare_model returned: a state "
+                    "dict loaded into the model made its BatchNorms BatchNorms again",
+                    record.plugin, record.seconds)
 
     def _note_later_compile_failure(self) -> None:
         """The compiled forward runs uncompiled for good once it failed at a call after
@@ -164,6 +180,7 @@ class OptimizationResult:
 
     def to_dict(self) -> dict[str, Any]:
         self._note_later_compile_failure()
+        self._note_unfolded()
         return {
             "backend": self.backend, "level": self.level.value,
             "passes": [p.__dict__ for p in self.passes], "notes": self.notes,
@@ -178,6 +195,7 @@ class OptimizationResult:
 
     def summary(self) -> str:
         self._note_later_compile_failure()
+        self._note_unfolded()
         lines = [f"{self.backend} {self.level.value}:"]
         for p in self.passes:
             lines.append(f"  {p.status:8} {p.name}: {p.detail}")

@@ -240,3 +240,47 @@ def test_a_state_dict_loaded_into_a_folded_model_runs_its_batchnorms() -> None:
     again = torchbridge.get_backend("cpu").optimize(copy.deepcopy(twin), "O1", sample_input=x)
     with torch.no_grad():
         torch.testing.assert_close(again.model(x), twin(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("contract", [">=4,<5", "banana"])
+def test_register_plugin_checks_the_contract_range(reload_plugins: None,
+                                                   contract: str) -> None:
+    """As an entry-point plugin outside its range is: recorded, never called."""
+    from torchbridge.plugins import plugin_records
+
+    called: list[int] = []
+
+    class Future:
+        TORCHBRIDGE_CONTRACT = contract
+
+        @torchbridge.hookimpl
+        def torchbridge_detect(self) -> Any:
+            called.append(1)
+            return None
+
+    with pytest.raises(torchbridge.PluginError, match="not registered"):
+        torchbridge.register_plugin(Future(), name="future")
+    record = next(r for r in plugin_records() if r.name == "future")
+    assert record.status == ("failed" if contract == "banana" else "incompatible")
+    assert record.error
+    torchbridge.list_backends()
+    assert called == []
+
+
+def test_doctor_lists_a_kernel_only_on_the_backends_it_serves(reload_plugins: None) -> None:
+    from torchbridge import KernelImplementation, doctor
+
+    class Kernels:
+        @torchbridge.hookimpl
+        def torchbridge_kernel_implementations(self, backend: Any) -> list[Any]:
+            def same(x: torch.Tensor, weight: Any = None, eps: float = 1e-6) -> torch.Tensor:
+                return x
+            return [KernelImplementation(op="rms_norm", name="only_for_acme", forward=same,
+                                         backends=("acme",)),
+                    KernelImplementation(op="rms_norm", name="for_cpu", forward=same,
+                                         backends=("cpu",))]
+
+    torchbridge.register_plugin(Kernels(), name="kernels")
+    kernels = doctor.collect()["contributions"]["kernels"]["kernels"]
+    assert "rms_norm:for_cpu on cpu" in kernels
+    assert not [k for k in kernels if "only_for_acme" in k or "for_cpu on example" in k]

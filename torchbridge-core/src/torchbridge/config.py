@@ -15,7 +15,8 @@ import os
 import stat
 import sys
 import threading
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, NoReturn
 
@@ -30,7 +31,12 @@ from pydantic import (
     field_validator,
 )
 
-from torchbridge.config_errors import ENV_PREFIX, configuration_error, unknown_key_suggestion
+from torchbridge.config_errors import (
+    ENV_PREFIX,
+    configuration_error,
+    input_keys,
+    unknown_key_suggestion,
+)
 from torchbridge.errors import ConfigurationError
 from torchbridge.levels import OptimizationLevel
 from torchbridge.plugins import (
@@ -75,6 +81,33 @@ def _raise_configuration_error(exc: ValidationError, prefix: tuple[str, ...],
                               sorted(RESERVED_ENV)) from None
 
 
+class _RootRef:
+    """A section's link to its root config: weak (no cycle to keep a config alive), not a
+    value (pydantic compares private attributes, and two equal configs must stay equal),
+    and not pickled (a section pickled on its own has no root in the receiving process;
+    a pickled root config binds its sections again)."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, root: Any = None) -> None:
+        self._ref = weakref.ref(root) if root is not None else None
+
+    def __call__(self) -> Any:
+        return self._ref() if self._ref is not None else None
+
+    def __eq__(self, other: object) -> bool:
+        return other is None or isinstance(other, _RootRef)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _RootRef, ()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _RootRef:
+        return _RootRef()  # a deep copy's root binds it again (TorchBridgeConfig)
+
+
 class ConfigSection(BaseModel):
     """Base of every config model, and of plugin sections: unknown keys are rejected and
     assignments validated. A bad assignment (`config.memory.max_memory_fraction = 2`)
@@ -89,6 +122,9 @@ class ConfigSection(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     # Where this section sits in its root config: "" for the root, None while unbound.
     _path: str | None = PrivateAttr(default=None)
+    # The root config this section belongs to, so that an assignment here is recorded in
+    # the root's sources (see _RootRef).
+    _root: Any = PrivateAttr(default_factory=lambda: _RootRef())
 
     def _prefix(self) -> tuple[str, ...]:
         if self._path is None:
@@ -105,17 +141,39 @@ class ConfigSection(BaseModel):
         except ValidationError as exc:
             _raise_configuration_error(exc, prefix, {(*prefix, name): "assignment"},
                                        type(self))
+        root = self._root_config()
         child = getattr(self, name, None)
         if isinstance(child, ConfigSection) and self._path is not None:
-            child._bind_paths(".".join((*prefix, name)))
+            child._bind_paths(".".join((*prefix, name)), root)
+        # `config.memory.max_memory_fraction = 0.5` is as much an assignment as
+        # `config.strict = True`: the root's sources must say so, not keep crediting the
+        # file or variable whose value was just replaced.
+        if root is not None:
+            root._record_assignment(".".join((*prefix, name)))
 
-    def _bind_paths(self, path: str) -> None:
+    def _root_config(self) -> Any:
+        """The root config this section is bound in, if it is still there: a section taken
+        out of a config (or left behind by a deep copy) records nothing in it."""
+        root = self._root()
+        if root is None or self._path is None:
+            return None
+        node: Any = root
+        for part in self._prefix():
+            node = getattr(node, part, None)
+        return root if node is self else None
+
+    def _record_assignment(self, key: str) -> None:
+        """Overridden by the root config, which keeps the sources."""
+
+    def _bind_paths(self, path: str, root: ConfigSection | None = None) -> None:
         """Tell this model and the sections inside it where they sit in the root config."""
         self._path = path
+        self._root = _RootRef(root)
         for name in type(self).model_fields:
             child = getattr(self, name, None)
             if isinstance(child, ConfigSection):
-                child._bind_paths(f"{path}.{name}" if path else name)
+                child._bind_paths(f"{path}.{name}" if path else name, root)
+
 
 
 ConfigModel = ConfigSection  # the name plugins written before ConfigSection import
@@ -210,6 +268,9 @@ class HardwareSections:
 
     model: type[HardwareConfig]
     owners: dict[str, str]
+    # Sections left out, and why ("plugin bad: section hardware.bad ..."), so that a
+    # setting for one is not answered with "no installed plugin provides it".
+    rejected: dict[str, str] = field(default_factory=dict)
 
 
 _sections: tuple[PluginHost, int, HardwareSections] | None = None  # (host, generation, sections)
@@ -223,6 +284,26 @@ def _section_problem(name: object, model: object, taken: dict[str, str]) -> str 
         return f"section hardware.{name} must be a pydantic model class, got {model!r}"
     if name in taken:
         return f"section hardware.{name} is already provided by plugin {taken[name]}"
+    return None
+
+
+def _defaults_problem(name: str, plugin: str, model: type[BaseModel],
+                      defaults: BaseModel) -> str | None:
+    """Why the defaults of section `name` are not values of its own fields, or None.
+    pydantic does not validate defaults, so `threads: int = Field(-3, ge=1)` builds; but a
+    config pickles as its values (to a spawned worker) and those would be refused there,
+    blamed on "a pickled config". The same round trip here refuses the section at once."""
+    try:
+        model.model_validate(defaults.model_dump(by_alias=True))
+    except ValidationError as exc:
+        error = configuration_error(exc, ("hardware", name), {}, model, _source_of)
+        return (f"section hardware.{name} of plugin {plugin} has defaults its own fields "
+                f"refuse: {error}")
+    except BaseException as exc:
+        if is_fatal(exc):
+            raise
+        return (f"section hardware.{name} of plugin {plugin}: its defaults cannot be "
+                f"validated again (as a pickled config is): {describe(exc)}")
     return None
 
 
@@ -245,6 +326,7 @@ def hardware_sections() -> HardwareSections:
                      if item[0] in host.records else True)
         fields: dict[str, Any] = {}
         owners: dict[str, str] = {}
+        rejected: dict[str, str] = {}
         for plugin, result in results:
             try:
                 name, model = result
@@ -256,19 +338,24 @@ def hardware_sections() -> HardwareSections:
             if problem is None:
                 model = strict_section(model)
                 try:
-                    model()
+                    defaults = model()
                 except BaseException as exc:
                     if is_fatal(exc):
                         raise
                     problem = (f"section hardware.{name} cannot be built from its defaults "
                                f"(every field needs one): {describe(exc)}")
+                else:
+                    problem = _defaults_problem(name, plugin, model, defaults)
             if problem is not None:
                 host.record_hook_error(plugin, "torchbridge_config_section", problem)
+                if isinstance(name, str) and name not in owners:
+                    rejected[name] = f"plugin {plugin}: {problem}"
                 continue
             fields[name] = (model, Field(default_factory=model))
             owners[name] = plugin
         sections = HardwareSections(
-            create_model("HardwareConfig", __base__=HardwareConfig, **fields), owners)
+            create_model("HardwareConfig", __base__=HardwareConfig, **fields), owners,
+            {name: why for name, why in rejected.items() if name not in owners})
         _sections = (host, host.generation, sections)
         return sections
 
@@ -343,11 +430,14 @@ def _read_toml(path: Path, data: bytes | None = None) -> dict[str, Any]:
     return dict(settings)
 
 
-def find_config_file(start: Path | None = None) -> Path | None:
+def find_config_file(start: Path | None = None, *,
+                     environ: dict[str, str] | None = None) -> Path | None:
     """TORCHBRIDGE_CONFIG_FILE, else torchbridge.toml, else a pyproject.toml with
     [tool.torchbridge], in the working directory. A pyproject.toml that does not mention
-    torchbridge is not parsed: it is some other tool's, and its faults are not ours."""
-    explicit = os.environ.get(CONFIG_FILE_ENV)
+    torchbridge is not parsed: it is some other tool's, and its faults are not ours.
+    `environ` (default os.environ) is where TORCHBRIDGE_CONFIG_FILE is looked up:
+    `load(environ=...)` reads no other environment."""
+    explicit = (os.environ if environ is None else environ).get(CONFIG_FILE_ENV)
     if explicit:
         return Path(explicit)
     folder = start or Path.cwd()
@@ -361,12 +451,54 @@ def find_config_file(start: Path | None = None) -> Path | None:
     return None
 
 
-def _env_layer(environ: dict[str, str]) -> dict[tuple[str, ...], tuple[Any, str]]:
-    layer = {}
-    for var, raw in environ.items():
+def _env_path(parts: tuple[str, ...], model: type[BaseModel] | None) -> tuple[str, ...]:
+    """`parts` (lowercased from a variable's name) as the keys `model` accepts: a variable
+    name has no case to give, so TORCHBRIDGE_HARDWARE__X__MAXBATCH sets a field `maxBatch`
+    (or one aliased `MaxBatch`). A part that matches no key is left for validation to
+    refuse."""
+    out: list[str] = []
+    for part in parts:
+        if model is None:
+            out.append(part)
+            continue
+        if issubclass(model, HardwareConfig):
+            model = hardware_model()
+        keys = input_keys(model)
+        key = part if part in keys else next(
+            (key for key in keys if key.lower() == part), part)
+        out.append(key)
+        info = model.model_fields.get(keys.get(key, key))
+        model = _section_class(info.annotation) if info is not None else None
+    return tuple(out)
+
+
+def _section_class(annotation: Any) -> type[BaseModel] | None:
+    """The model class of a section field (SerializeAsAny and Optional unwrapped)."""
+    if isinstance(annotation, type):
+        return annotation if issubclass(annotation, BaseModel) else None
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _section_class(arg)
+        if found is not None:
+            return found
+    origin = getattr(annotation, "__origin__", None)
+    if isinstance(origin, type) and issubclass(origin, BaseModel):
+        return origin
+    return None
+
+
+def _env_layer(environ: dict[str, str], model: type[BaseModel] | None = None
+               ) -> dict[tuple[str, ...], tuple[Any, str]]:
+    """The settings of the TORCHBRIDGE_* variables, flattened to one entry per key. A JSON
+    table (`TORCHBRIDGE_MEMORY='{"max_memory_fraction": 0.5}'`) sets the keys it names, no
+    others. Variables are applied shallowest first (then by name), so the outcome never
+    depends on the order of the environment: a more specific variable
+    (TORCHBRIDGE_MEMORY__OOM_SAFETY_MARGIN) wins over a whole section's JSON for its key."""
+    layer: dict[tuple[str, ...], tuple[Any, str]] = {}
+    ordered = sorted(environ.items(), key=lambda item: (item[0].count("__"), item[0]))
+    for var, raw in ordered:
         if not var.startswith(ENV_PREFIX) or var in RESERVED_ENV:
             continue
-        path = tuple(var[len(ENV_PREFIX):].lower().split("__"))
+        path = _env_path(tuple(var[len(ENV_PREFIX):].lower().split("__")), model)
         value: Any = raw
         if raw.strip().startswith(("[", "{")) or raw.strip() == "null":
             try:
@@ -374,12 +506,17 @@ def _env_layer(environ: dict[str, str]) -> dict[tuple[str, ...], tuple[Any, str]
             except json.JSONDecodeError as exc:
                 raise ConfigurationError(f"{var}: not valid JSON: {exc}", field=".".join(path),
                                          value=raw, source=f"environment variable {var}") from None
-        layer[path] = (value, f"environment variable {var}")
+        source = f"environment variable {var}"
+        entries = (_flatten(value, source, path) if isinstance(value, dict)
+                   else {path: (value, source)})
+        _merge(layer, entries)
     return layer
 
 
 def _flatten(data: dict[str, Any], source: str, prefix: tuple[str, ...] = ()
              ) -> dict[tuple[str, ...], tuple[Any, str]]:
+    """One entry per key; an empty table stays an entry ({}), which `_merge` keeps only
+    where nothing else sets that section."""
     flat: dict[tuple[str, ...], tuple[Any, str]] = {}
     for key, value in data.items():
         path = (*prefix, str(key))
@@ -387,7 +524,29 @@ def _flatten(data: dict[str, Any], source: str, prefix: tuple[str, ...] = ()
             flat.update(_flatten(value, source, path))
         else:
             flat[path] = (value, source)
+    if not data and prefix:
+        flat[prefix] = ({}, source)
     return flat
+
+
+def _merge(flat: dict[tuple[str, ...], tuple[Any, str]],
+           layer: dict[tuple[str, ...], tuple[Any, str]]) -> None:
+    """Apply `layer`'s entries to `flat`, key by key: a later entry replaces the value at
+    its own key, and whatever lay below it (a value that is not a table replaces the whole
+    section) or above it (a value where the key needs a section). An empty table sets
+    nothing (`load(memory={})` keeps the file's memory settings) unless nothing else is
+    there. So every entry left is a value the config really gets, and `sources` credits
+    only those."""
+    for path, (value, source) in layer.items():
+        below = [key for key in flat if key[:len(path)] == path and len(key) > len(path)]
+        if isinstance(value, dict) and not value:
+            if (path in flat and isinstance(flat[path][0], dict)) or below:
+                continue
+        for key in below:
+            del flat[key]
+        for cut in range(1, len(path)):
+            flat.pop(path[:cut], None)
+        flat[path] = (value, source)
 
 
 def _nest(flat: dict[tuple[str, ...], tuple[Any, str]]) -> dict[str, Any]:
@@ -406,6 +565,23 @@ def _nest(flat: dict[tuple[str, ...], tuple[Any, str]]) -> dict[str, Any]:
     return nested
 
 
+def _missing_section_reason(name: str, sections: HardwareSections) -> str | None:
+    """Why section `name` is absent when a plugin is installed that would provide it: the
+    plugin is disabled (or failed to load), or its section was rejected. A disabled
+    plugin's hooks are never called, so its section is taken to bear its name, as every
+    vendor plugin's does."""
+    if name in sections.rejected:
+        return f"its section was rejected ({sections.rejected[name]})"
+    host = get_plugin_host()
+    for record in host.records.values():
+        if record.name.split("[")[0] == name and record.status in (
+                "disabled", "failed", "incompatible"):
+            reason = record.error or record.status
+            return (f"plugin {record.name} is installed but not loaded ({reason}), so its "
+                    "section is not available")
+    return None
+
+
 def _validate_hardware(values: dict[str, Any], sources: dict[tuple[str, ...], str]
                        ) -> HardwareConfig:
     """Each plugin section on its own, so an error names `hardware.<name>` and the plugin
@@ -416,12 +592,13 @@ def _validate_hardware(values: dict[str, Any], sources: dict[tuple[str, ...], st
     for name, value in values.items():
         if name not in fields:
             source = _source_of(("hardware", name), sources)
-            hint = unknown_key_suggestion(("hardware", name), list(fields), source,
-                                          what="sections")
+            why = _missing_section_reason(name, sections)
+            hint = "" if why else unknown_key_suggestion(("hardware", name), list(fields),
+                                                         source, what="sections")
             raise ConfigurationError(
-                f"unknown config section 'hardware.{name}' (from {source}): no installed "
-                f"plugin provides it{hint}", field=f"hardware.{name}", value=value,
-                source=source)
+                f"unknown config section 'hardware.{name}' (from {source}): "
+                f"{why or 'no installed plugin provides it'}{hint}",
+                field=f"hardware.{name}", value=value, source=source)
         model = fields[name].annotation
         assert isinstance(model, type)
         owner = f" (section of plugin {sections.owners[name]})"
@@ -484,7 +661,7 @@ class TorchBridgeConfig(ConfigSection):
             BaseModel.__init__(self, **data)
         except ValidationError as exc:
             _raise_configuration_error(exc, (), sources, type(self))
-        self._bind_paths("")
+        self._bind_paths("", self)
         self._sources = {".".join(path): source for path, source in sources.items()}
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -492,11 +669,20 @@ class TorchBridgeConfig(ConfigSection):
             # The field's declared type is the empty base class; the sections are checked
             # against this plugin set's concrete class, as when loading.
             value = _validate_hardware(value, {("hardware",): "assignment"})
-        super().__setattr__(name, value)
-        if not name.startswith("_") and name in type(self).model_fields:
-            self._sources = {key: source for key, source in self._sources.items()
-                             if key != name and not key.startswith(f"{name}.")}
-            self._sources[name] = "assignment"
+        super().__setattr__(name, value)  # records the assignment (_record_assignment)
+
+    def _record_assignment(self, key: str) -> None:
+        # A new dict, not an update: a shallow copy of this config shares the old one.
+        sources = {path: source for path, source in self._sources.items()
+                   if path != key and not path.startswith(f"{key}.")}
+        sources[key] = "assignment"
+        self._sources = sources
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> TorchBridgeConfig:
+        # The copy's sections must record assignments in the copy, not in this config.
+        copied = super().__deepcopy__(memo)
+        copied._bind_paths("", copied)
+        return copied
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickles as its values and their sources, rebuilt in the receiving process
@@ -535,12 +721,14 @@ class TorchBridgeConfig(ConfigSection):
                 raise ConfigurationError(f"unknown preset {preset!r}; choose one of "
                                          f"{', '.join(cls._PRESETS)}", field="preset",
                                          value=preset, source="preset")
-            flat.update(_flatten(cls._PRESETS[preset], f"preset {preset}"))
-        path = Path(config_file) if config_file is not None else find_config_file()
+            _merge(flat, _flatten(cls._PRESETS[preset], f"preset {preset}"))
+        env = dict(os.environ if environ is None else environ)
+        path = (Path(config_file) if config_file is not None
+                else find_config_file(environ=env))
         if path is not None:
-            flat.update(_flatten(_read_toml(path), str(path)))
-        flat.update(_env_layer(dict(os.environ if environ is None else environ)))
-        flat.update(_flatten(overrides, "keyword arguments"))
+            _merge(flat, _flatten(_read_toml(path), str(path)))
+        _merge(flat, _env_layer(env, cls))
+        _merge(flat, _flatten(overrides, "keyword arguments"))
         data = _nest(flat)
         _load_context.sources = {path: source for path, (_, source) in flat.items()}
         try:

@@ -150,6 +150,22 @@ def _expected(info: FieldInfo) -> str | None:
     return " or ".join(dict.fromkeys(words)) or None
 
 
+def input_keys(model: type[BaseModel]) -> dict[str, str]:
+    """The keys `model` accepts as input -> the field each sets: a field's alias where it
+    has one (and its name too where the model populates by name), else its name. An error
+    must offer only keys that would be accepted."""
+    by_name = bool(model.model_config.get("populate_by_name")) or bool(
+        model.model_config.get("validate_by_name"))
+    keys: dict[str, str] = {}
+    for name, info in model.model_fields.items():
+        alias = info.validation_alias if isinstance(info.validation_alias, str) else info.alias
+        if alias:
+            keys[alias] = name
+        if not alias or by_name:
+            keys.setdefault(name, name)
+    return keys
+
+
 def _walk(model: type[BaseModel] | None, loc: Sequence[str | int]
           ) -> tuple[list[str | int], type[BaseModel] | None, FieldInfo | None]:
     """The part of `loc` that names config keys (pydantic adds union-member tags such as
@@ -164,7 +180,9 @@ def _walk(model: type[BaseModel] | None, loc: Sequence[str | int]
     for part in loc:
         section = _section(current) if current is not None else None
         if isinstance(part, str) and section is not None:
-            parent, info = section, section.model_fields.get(part)
+            # pydantic names an aliased field by its alias in an error's location.
+            field_name = input_keys(section).get(part, part)
+            parent, info = section, section.model_fields.get(field_name)
             kept.append(part)
             if info is None:  # an unknown key: nothing below it is ours to name
                 return kept, parent, None
@@ -229,7 +247,7 @@ def _problem(err: Any, prefix: tuple[str, ...], sources: dict[tuple[str, ...], s
     source = source_of(tuple(str(p) for p in full), sources)
     value = err.get("input")
     if kind == "extra_forbidden":
-        keys = list(parent.model_fields) if parent is not None else []
+        keys = list(input_keys(parent)) if parent is not None else []
         hint = unknown_key_suggestion(full, keys, source, reserved)
         return path, f"unknown config key '{path}' (from {source}){hint}", value, source
     if kind == "missing":

@@ -78,6 +78,9 @@ def _contributions(config: TorchBridgeConfig | None, statuses: list[Any]
                 add(plugin, "passes", f"{p.name} on {backend.name}")
         for op in known_ops():
             for candidate in choose(op, backend).candidates:
+                serves = candidate.implementation.backends
+                if serves is not None and backend.name not in serves:
+                    continue  # offered to every backend, serving others: not a contribution
                 add(candidate.provider, "kernels",
                     f"{op}:{candidate.implementation.name} on {backend.name}")
         for hook in DEVICE_HOOKS:

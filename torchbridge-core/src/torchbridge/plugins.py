@@ -445,8 +445,28 @@ def reload_plugins() -> PluginHost:
 
 
 def register_plugin(plugin: object, name: str | None = None) -> str:
-    """Register a plugin object at run time (no entry point). Returns its name."""
+    """Register a plugin object at run time (no entry point). Returns its name. A plugin
+    whose TORCHBRIDGE_CONTRACT range this core is outside of (or which is no range) is
+    recorded as entry-point plugins are ("incompatible", or "failed") and never called,
+    and this raises PluginError saying why."""
     host = get_plugin_host()
+    spec = getattr(plugin, CONTRACT_ATTRIBUTE, None)
+    if spec is not None:
+        label = name or type(plugin).__name__
+        record = PluginRecord(label, "runtime", "loaded")
+        status = "incompatible"
+        try:
+            problem = contract_problem(spec)
+        except ValueError as exc:
+            status, problem = "failed", str(exc)
+        if problem is not None:
+            record.contract = spec if isinstance(spec, str) else repr(spec)
+            # As _register_checked records an entry-point plugin outside the range.
+            record.status, record.error = status, f"{problem}; not registered"
+            record.errors.append(record.error)
+            host.records[label] = record
+            host.generation += 1
+            raise PluginError(f"plugin {label!r}: {problem}; not registered")
     registered = host.pm.register(plugin, name=name)
     if registered is None:
         raise PluginError(f"plugin {name!r} is blocked")

@@ -324,8 +324,10 @@ def normalize_name(name: str) -> str:
 
 
 def detect_best_backend() -> str:
-    """The backend selection would choose: TORCHBRIDGE_BACKEND if set, else the available
-    backend with the highest priority ("cuda", "rocm", "xpu", "tpu" or "cpu")."""
+    """TORCHBRIDGE_BACKEND if set, else the available backend with the highest priority
+    ("cuda", "rocm", "xpu", "tpu" or "cpu"): what get_backend() chooses unless a config
+    file or config object names a backend (`backend = ...`), which this does not read, so
+    that discovery stays cheap (no pydantic: tests/test_errors_and_types.py)."""
     forced = os.environ.get(BACKEND_ENV)
     if forced:
         return normalize_name(forced)

@@ -7,7 +7,9 @@ for that backend. They are ordered by `priority` (highest first), then by plugin
 (tryfirst plugins, vendor plugins, the built-in ones). An implementation is eligible when:
 config does not force the reference, it serves this backend, the device meets its
 capability or architecture, it trains when the model does, and it computes in the dtype
-asked for. The first eligible one is chosen; with none, the reference runs.
+asked for, and no checked kernel refused it in this process (its output did not match
+the reference; see implementations.BoundKernel). The first eligible one is chosen; with
+none, the reference runs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torchbridge.kernels.implementations import (
     KernelImplementation,
     bind,
     implementation_problem,
+    refusal,
 )
 from torchbridge.plugins import cached_for, exclusive_step, get_plugin_host
 
@@ -101,8 +104,15 @@ def contributed(op: str, backend: Backend) -> list[tuple[str, KernelImplementati
     """(plugin, implementation) for `op` from every plugin, in preference order: highest
     priority, then tryfirst plugins, other plugins, the built-in ones (trylast), across
     both hooks; malformed ones are their plugin's error and left out."""
+    return [(plugin, impl) for plugin, _, impl in contributions(op, backend)]
+
+
+def contributions(op: str, backend: Backend) -> list[tuple[str, str, KernelImplementation]]:
+    """As `contributed`, with the hook each implementation came from (plugin, hook, impl):
+    a refusal is that hook's error, not another one the plugin may not implement."""
     host = get_plugin_host()
-    found: list[tuple[int, int, str, KernelImplementation]] = []  # (rank, seq, plugin, impl)
+    # (rank, seq, plugin, hook, impl)
+    found: list[tuple[int, int, str, str, KernelImplementation]] = []
     hook = "torchbridge_kernel_implementations"
     for hook_impl in host.implementations(hook):
         ok, impls = host.call_one(hook_impl, hook, {"backend": backend}, _list_problem)
@@ -111,7 +121,7 @@ def contributed(op: str, backend: Backend) -> list[tuple[str, KernelImplementati
             if problem is not None:
                 host.record_hook_error(hook_impl.plugin_name, hook, problem)
             elif impl.op == op:
-                found.append((_rank(hook_impl), len(found), hook_impl.plugin_name, impl))
+                found.append((_rank(hook_impl), len(found), hook_impl.plugin_name, hook, impl))
     legacy = "torchbridge_kernel"
     for hook_impl in host.implementations(legacy):
         ok, kernel = host.call_one(hook_impl, legacy, {"op": op, "backend_name": backend.name,
@@ -124,11 +134,12 @@ def contributed(op: str, backend: Backend) -> list[tuple[str, KernelImplementati
             if problem is not None:
                 host.record_hook_error(plugin, legacy, problem)
             elif kernel.op == op:
-                found.append((_rank(hook_impl), len(found), plugin, kernel))
+                found.append((_rank(hook_impl), len(found), plugin, legacy, kernel))
             continue
-        found.append((_rank(hook_impl), len(found), plugin, _legacy(op, backend.name, kernel)))
-    found.sort(key=lambda item: (-item[3].priority, item[0], item[1]))
-    return [(plugin, impl) for _, _, plugin, impl in found]
+        found.append((_rank(hook_impl), len(found), plugin, legacy,
+                      _legacy(op, backend.name, kernel)))
+    found.sort(key=lambda item: (-item[4].priority, item[0], item[1]))
+    return [(plugin, hook_name, impl) for _, _, plugin, hook_name, impl in found]
 
 
 _legacy_cache: dict[tuple[str, str, Any], KernelImplementation] = {}
@@ -186,6 +197,7 @@ class Candidate:
     implementation: KernelImplementation
     provider: str
     reason: str | None  # why it is not eligible; None: eligible
+    hook: str = "torchbridge_kernel_implementations"  # the plugin hook it came from
 
     def to_dict(self) -> dict[str, Any]:
         impl = self.implementation
@@ -224,8 +236,9 @@ class KernelChoice:
         """The callable for `candidate` (default: the chosen one; None chosen: reference)."""
         pick = candidate if candidate is not None else self.chosen
         if pick is None:
-            return bind(None, None, self.op, self.reasons())
-        return bind(pick.implementation, pick.provider, self.op, self.reasons())
+            return bind(None, None, self.op, self.reasons(), backend=self.backend)
+        return bind(pick.implementation, pick.provider, self.op, self.reasons(),
+                    backend=self.backend, hook=pick.hook)
 
     def to_dict(self) -> dict[str, Any]:
         chosen = self.chosen
@@ -254,10 +267,13 @@ def choose(op: str, backend: Backend, *, dtype: torch.dtype | None = None,
     elif op in kernel_config.disabled_ops:
         choice.forced_reference = "listed in config kernel.disabled_ops"
     info = info if info is not None else device_info_or_none(backend)
-    for provider, impl in contributed(op, backend):
-        reason = choice.forced_reference or ineligible_reason(
-            impl, backend, info, dtype=dtype, training=training)
-        choice.candidates.append(Candidate(impl, provider, reason))
+    for provider, hook, impl in contributions(op, backend):
+        # An implementation a checked kernel refused (its output did not match the
+        # reference) stays refused for this op and backend in this process: the next best
+        # serves, and the table says why it is passed over.
+        reason = choice.forced_reference or refusal(op, backend.name, provider, impl) or \
+            ineligible_reason(impl, backend, info, dtype=dtype, training=training)
+        choice.candidates.append(Candidate(impl, provider, reason, hook))
     return choice
 
 

@@ -365,8 +365,10 @@ class BoundKernel:
     MAX_CHECKED_SIGNATURES of them) also runs the reference on the same arguments; an
     output of the wrong dtype, shape or number, or values beyond the tolerance, drops the
     implementation for good (its plugin's error, a warning, the reason in `reasons`), and
-    this call and every later one run the reference. Calls under torch.compile are not
-    checked (they trace the implementation as it is). `unchecked()`
+    this call and every later one run the reference; selection passes the implementation
+    over from then on (`refusal`), so the next `get_kernel` gets the next best. Calls under
+    torch.compile are not checked (they trace the implementation as it is), nor calls on
+    meta or fake tensors (checked at the first real call). `unchecked()`
     is the same kernel without the check."""
 
     op: str
@@ -377,6 +379,8 @@ class BoundKernel:
     checked: bool = False
     checked_signatures: set[tuple[Any, ...]] = field(default_factory=set, repr=False)
     refused: str | None = None
+    backend: str | None = None  # the backend it was chosen for (None: bound directly)
+    hook: str = "torchbridge_kernel_implementations"  # the plugin hook it came from
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.checked and self.implementation is not None and \
@@ -393,7 +397,7 @@ class BoundKernel:
     def unchecked(self) -> BoundKernel:
         """This kernel without the first-use check (e.g. for benchmarks)."""
         return BoundKernel(self.op, self.call, self.implementation, self.provider,
-                           list(self.reasons))
+                           list(self.reasons), backend=self.backend, hook=self.hook)
 
     def _checked_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         signature = tuple((a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor) else None
@@ -402,6 +406,11 @@ class BoundKernel:
                   if isinstance(v, torch.Tensor))
         if signature in self.checked_signatures or \
                 len(self.checked_signatures) >= MAX_CHECKED_SIGNATURES:
+            return self.call(*args, **kwargs)
+        if uncheckable(args, kwargs):
+            # Meta or fake tensors (shape propagation, tracing under a fake mode, vmap)
+            # carry no values to compare: the call goes through unchecked, and since the
+            # signature is not marked checked, the first real call with it is checked.
             return self.call(*args, **kwargs)
         impl = self.implementation
         assert impl is not None
@@ -422,24 +431,94 @@ class BoundKernel:
         if problem is None:
             self.checked_signatures.add(signature)
             return output
-        self._refuse(f"{self.label} failed its check against the reference on first use: "
-                     f"{problem}; the reference runs instead")
+        self._refuse(problem)
         return definition.reference(*bound)
 
-    def _refuse(self, message: str) -> None:
+    def _refuse(self, problem: str) -> None:
         from torchbridge.plugins import get_plugin_host
 
+        message = (f"{self.label} failed its check against the reference on first use: "
+                   f"{problem}; the reference runs instead")
         logger.warning("kernel for %s: %s", self.op, message)
         if self.provider is not None:
-            get_plugin_host().record_hook_error(self.provider,
-                                                "torchbridge_kernel_implementations",
+            # The hook the implementation came from: a first-contract plugin implements
+            # torchbridge_kernel, not torchbridge_kernel_implementations.
+            get_plugin_host().record_hook_error(self.provider, self.hook,
                                                 f"op {self.op}: {message}")
+            if self.backend is not None and self.implementation is not None:
+                # Remembered for the process, so selection passes it over from now on
+                # (choice.choose) rather than choosing it again for the next get_kernel.
+                _record_refusal(self.op, self.backend, self.provider,
+                                self.implementation,
+                                f"refused: failed its check against the reference on "
+                                f"first use: {problem}")
         definition = ops_module.definition(self.op)
         assert definition is not None
         self.reasons.append(message)
         self.refused = message
         self.implementation, self.provider = None, None
         self.call = definition.reference
+
+
+# Implementations a checked kernel refused: (op, backend, plugin, implementation name) ->
+# (plugin host, the plugin's record, reason). A refusal holds while the same plugin
+# registration is loaded: reloading plugins, or registering the plugin again, forgets it
+# (a new record), so a fixed plugin is tried afresh.
+_refusals_lock = threading.Lock()
+_refusals: dict[tuple[str, str, str, str], tuple[Any, Any, str]] = {}
+
+
+def _record_refusal(op: str, backend: str, provider: str, impl: KernelImplementation,
+                    reason: str) -> None:
+    from torchbridge.plugins import get_plugin_host
+
+    host = get_plugin_host()
+    with _refusals_lock:
+        _refusals[(op, backend, provider, impl.name)] = (host, host.records.get(provider),
+                                                         reason)
+
+
+def refusal(op: str, backend: str, provider: str, impl: KernelImplementation) -> str | None:
+    """Why `impl` (from plugin `provider`) was refused for `op` on `backend` by a checked
+    kernel in this process; None: it was not (or its plugin was registered again since)."""
+    with _refusals_lock:
+        entry = _refusals.get((op, backend, provider, impl.name))
+    if entry is None:
+        return None
+    from torchbridge.plugins import get_plugin_host
+
+    host, record, reason = entry
+    current = get_plugin_host()
+    if current is not host or current.records.get(provider) is not record:
+        return None
+    return reason
+
+
+def uncheckable(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether a call's tensors hold no values to compare with the reference: meta tensors,
+    fake tensors (or a fake or proxy mode active, as while tracing), functorch-wrapped
+    tensors (vmap). `.item()` on them fails or records a graph break."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    leaves = torch.utils._pytree.tree_leaves((tuple(args), kwargs))
+    for value in leaves:
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.device.type == "meta" or isinstance(value, FakeTensor):
+            return True
+        try:
+            if torch._C._functorch.is_functorch_wrapped_tensor(value):
+                return True
+        except (AttributeError, RuntimeError):
+            pass
+    try:
+        keys = torch._C._TorchDispatchModeKey
+        if torch._C._get_dispatch_mode(keys.FAKE) is not None or \
+                torch._C._get_dispatch_mode(keys.PROXY) is not None:
+            return True
+    except (AttributeError, RuntimeError):
+        pass
+    return False
 
 
 _lock = threading.Lock()
@@ -486,13 +565,16 @@ def wrapper_op(impl: KernelImplementation, provider: str) -> Any:
 
 
 def bind(impl: KernelImplementation | None, provider: str | None, op: str,
-         reasons: list[str] | None = None) -> BoundKernel:
-    """A BoundKernel running `impl` (None: the reference, traceable as plain torch)."""
+         reasons: list[str] | None = None, *, backend: str | None = None,
+         hook: str = "torchbridge_kernel_implementations") -> BoundKernel:
+    """A BoundKernel running `impl` (None: the reference, traceable as plain torch);
+    `backend` it was chosen for and the plugin `hook` it came from, for a refusal."""
     definition = ops_module.definition(op)
     if definition is None:
         raise KernelError(f"unknown op {op!r}")
     if impl is None:
-        return BoundKernel(op, definition.reference, None, None, reasons or [])
+        return BoundKernel(op, definition.reference, None, None, reasons or [],
+                           backend=backend, hook=hook)
     if impl.traceable and impl.backward is None:  # a declared backward needs the wrapper
         traced = impl
         spec = argument_spec(op)
@@ -503,9 +585,10 @@ def bind(impl: KernelImplementation | None, provider: str | None, op: str,
                 return definition.reference(*bound)
             return traced.forward(*bound)
 
-        return BoundKernel(op, call, impl, provider, reasons or [])
+        return BoundKernel(op, call, impl, provider, reasons or [], backend=backend,
+                           hook=hook)
     return BoundKernel(op, wrapper_op(impl, provider or "unknown"), impl, provider,
-                       reasons or [])
+                       reasons or [], backend=backend, hook=hook)
 
 
 def _op_outputs(output: Any, inputs: tuple[Any, ...] = ()) -> Any:

@@ -197,6 +197,10 @@ class _Registration:
     backward: Callable[..., Any]
     table: frozenset[str]
     kernels: tuple[tuple[Any, Any], ...]  # (device, function) as torch keeps them
+    # Entries of the table that were there before TorchBridge defined the op (an impl may
+    # be registered for an op not yet defined) and that its definition did not replace:
+    # not TorchBridge's, so not in `table`; they run instead of the op's own.
+    earlier: frozenset[str] = frozenset()
 
 
 _registrations: dict[str, _Registration] = {}
@@ -238,7 +242,7 @@ def op_name_problem(name: object) -> str | None:
 
 def _table(name: str) -> frozenset[str]:
     """The op's dispatcher table, one line per registered kernel (`Key: registered at
-    where`), from torch's dispatcher dump."""
+    where`), from torch's dispatcher dump (empty for an op nothing was registered for)."""
     dump = torch._C._dispatch_dump(f"{NAMESPACE}::{name}")
     return frozenset(line.strip() for line in dump.splitlines()
                      if ": registered at " in line and not line.startswith("debug:"))
@@ -270,6 +274,15 @@ def register_op(definition: OpDefinition) -> Any:
                               f"{getattr(known.reference, '__module__', '?')}."
                               f"{getattr(known.reference, '__qualname__', '?')}); an op "
                               "name can be defined once per process")
+        # Code may register kernels for torchbridge::<name> before this defines it
+        # (torch.library.register_kernel, Library("torchbridge", "IMPL").impl: torch
+        # accepts an impl ahead of its definition). The baseline for overridden_ops is what
+        # this registration added, not the whole table right after it, or those earlier
+        # overrides would count as the op's own and never be reported.
+        try:
+            earlier = _table(name)
+        except RuntimeError:
+            earlier = frozenset()
         try:
             op = torch.library.custom_op(f"{NAMESPACE}::{name}", definition.reference,
                                          mutates_args=(), schema=definition.schema)
@@ -280,26 +293,59 @@ def register_op(definition: OpDefinition) -> Any:
             raise KernelError(f"op {name!r} could not be registered with torch.library: "
                               f"{exc}") from exc
         _registered[name] = definition
+        table = _table(name)
         _registrations[name] = _Registration(
-            op, definition.reference, setup_context, backward, _table(name),
-            tuple(getattr(op, "_backend_fns", {}).items()))
+            op, definition.reference, setup_context, backward, table - earlier,
+            tuple(getattr(op, "_backend_fns", {}).items()), table & earlier)
         return getattr(getattr(torch.ops, NAMESPACE), name)
 
 
 _TORCH_DIR = str(Path(torch.__file__).parent)
 
 
+def _torch_internal(fn: Any) -> bool:
+    module = str(getattr(fn, "__module__", "") or "")
+    code = getattr(fn, "__code__", None)
+    return module == "torch" or module.startswith("torch.") or (
+        code is not None and code.co_filename.startswith(_TORCH_DIR))
+
+
+def _user_function(fn: Any) -> Any:
+    """The function behind torch's wrappers: torch.library keeps a user's kernel inside
+    wrappers of its own (register_kernel's `wrapped_fn`, itself wrapped by
+    `torch._disable_dynamo`, which copies the inner name through functools.wraps), so
+    follow `__wrapped__` and closure cells, breadth first and a few levels deep, to the
+    first function not defined in torch. `fn` itself when none is found."""
+    seen: set[int] = set()
+    level = [fn]
+    for _ in range(6):
+        following: list[Any] = []
+        for candidate in level:
+            if id(candidate) in seen:
+                continue
+            seen.add(id(candidate))
+            if callable(candidate) and hasattr(candidate, "__code__") and \
+                    not _torch_internal(candidate):
+                return candidate
+            inner = getattr(candidate, "__wrapped__", None)
+            if inner is not None:
+                following.append(inner)
+            for cell in getattr(candidate, "__closure__", None) or ():
+                try:
+                    contents = cell.cell_contents
+                except ValueError:
+                    continue
+                if callable(contents):
+                    following.append(contents)
+        if not following:
+            break
+        level = following
+    return fn
+
+
 def _function_label(fn: Any) -> str:
     """module.qualname (file:line) of `fn`, or of the function torch wrapped in it."""
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            inner = cell.cell_contents
-        except ValueError:
-            continue
-        if callable(inner) and hasattr(inner, "__code__") and not str(
-                getattr(inner, "__module__", "")).startswith("torch"):
-            fn = inner
-            break
+    fn = _user_function(fn)
     code = getattr(fn, "__code__", None)
     where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}{where}"
@@ -349,11 +395,14 @@ def overridden_ops() -> list[tuple[str, str]]:
             continue
         for line in sorted(table - reg.table):
             key, _, where = line.partition(": registered at ")
-            if len(found) > before and where.startswith(_TORCH_DIR):
+            if len(found) > before and where.startswith(_TORCH_DIR) and \
+                    line not in reg.earlier:
                 continue  # torch's own entry for a rule reported above
             where = where.split(" :: ")[0]
             how = "through torch.library.impl" if where.startswith(_TORCH_DIR) else \
                 f"at {where} (torch.library Library.impl)"
+            if line in reg.earlier:
+                how += " before TorchBridge defined the op"
             found.append((name, f"a {key.split('[')[0]} kernel was registered {how}, "
                                 "taking over the op's own for that dispatch key"))
     return found

@@ -128,7 +128,9 @@ def _as_eager_lays_out(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) 
     if any(_nhwc(t) for t in trees.tensors((args, kwargs))):
         return out
     # The cost of the drop-in: one copy of each such output, on every call (traced into
-    # the compiled graph at O2/O3).
+    # the compiled graph at O2/O3; where inductor lays the graph's output out otherwise,
+    # the compile pass fails the output check, saying so: torch 2.9.1 did, in a process
+    # that had compiled other frozen conv nets before).
     return trees.map_tensors(
         lambda t: t.contiguous() if t.is_floating_point() and _nhwc(t) else t, out)
 

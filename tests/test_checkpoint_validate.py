@@ -3,8 +3,10 @@ on the backends every machine has. The XLA round trips are in tests/xla."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -142,3 +144,50 @@ def test_validate_cli_exit_status(perturbed: object, capsys: pytest.CaptureFixtu
     assert "PASSED" in capsys.readouterr().out
     assert main(["validate", "--backends", "cpu,perturbed", "--json"]) == 1
     assert '"passed": false' in capsys.readouterr().out
+
+
+class _Perturbed:
+    """A second "backend" for validate: the CPU backend with the output changed."""
+
+    def __init__(self, change: Any) -> None:
+        from torchbridge.backend import get_backend
+
+        self.cpu = get_backend("cpu")
+        self.name, self.device, self.change = "perturbed", self.cpu.device, change
+
+    def to_device(self, x: Any) -> Any:
+        return self.cpu.to_device(x)
+
+    def prepare_model(self, model: Any, level: Any) -> Any:
+        prepared = self.cpu.prepare_model(model, level)
+        prepared.register_forward_hook(lambda module, args, out: self.change(out))
+        return prepared
+
+
+class _Returns(torch.nn.Module):
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.fn(x)
+
+
+@pytest.mark.parametrize("make, change, x", [
+    (lambda x: torch.complex(x, x), lambda o: torch.complex(o.real, o.imag + 100),
+     torch.ones(3)),
+    (lambda x: x.long() * 0 + 16777217, lambda o: o - 1, torch.ones(3)),
+    (lambda x: torch.arange(50000) + x.long(), lambda o: o + 1, torch.zeros(1)),
+    (lambda x: x.sum().item(), lambda o: o + 5, torch.ones(3)),
+], ids=["complex-imaginary", "int64-past-float32", "ids-off-by-one", "python-number"])
+def test_validate_sees_every_kind_of_output_differ(make: Any, change: Any,
+                                                   x: torch.Tensor) -> None:
+    """Each passed before: the imaginary part dropped, int64 compared in float32, ids
+    under a relative tolerance, Python numbers not compared at all."""
+    from torchbridge.backend import get_backend
+    from torchbridge.validation import validate
+
+    report = validate(_Returns(make), x, [get_backend("cpu"), _Perturbed(change)], level="O1")
+    assert not report.passed, report.summary()
+    assert str(report) == report.summary()
+    json.dumps(report.to_dict(), allow_nan=False)  # strict JSON

@@ -596,7 +596,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="prepare_model level on each backend: O0-O3 or an alias "
                      "(default: O0)")
     val.add_argument("--tolerance", type=_tolerance, help="largest allowed |difference| / "
-                     "max |reference|, finite and positive (default: the level's)")
+                     "max |reference| for float outputs, finite and positive (default: the level's "
+                     "tolerance, at least 1e-4); integer and bool outputs must be equal")
     val.add_argument("--batch", type=_positive_int, default=4, metavar="N",
                      help="batch size of a reference model's input (default: 4)")
     val.add_argument("--json", action="store_true", help="machine-readable output")

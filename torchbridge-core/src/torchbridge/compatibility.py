@@ -3,7 +3,8 @@
 `check_compatibility(model, sample_input, backend="tpu")` looks at the model's dtypes and
 attention head sizes against the target's capabilities, and, with a sample input, runs the
 model once on this machine's CPU under a dispatch mode (thread-local) that records host
-round trips (`.item()`, printing, Python branching on tensor values) and ops whose output
+round trips (`.item()`, `float()`, Python branching on tensor values; not printing or
+`.tolist()`, which read a CPU tensor's memory without an op to record) and ops whose output
 shape depends on the data (nonzero, masked_select, unique): on XLA each is a device-to-host
 transfer or a recompilation. When torch_xla is installed and the target is XLA, the model
 also runs for real on XLA (PJRT_DEVICE=CPU without a TPU) and XLA's own counters speak.
@@ -37,7 +38,7 @@ _NO_FLOAT64 = {"tpu": "TPUs have no float64 hardware: XLA emulates or demotes it
                "xpu": "Intel client GPUs (Arc) have no native float64"}
 _FLASH_HEAD_DIMS = "head size a multiple of 8 and at most 256"
 _HOST_OPS = {"aten::_local_scalar_dense": "a tensor value read on the host (.item(), "
-             "float(), printing, `if tensor:`)"}
+             "float(), `if tensor:`)"}
 _DYNAMIC_OPS = {"aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
                 "aten::unique_consecutive", "aten::unique_dim",
                 "aten::index with a boolean mask"}
@@ -63,6 +64,9 @@ class CompatibilityReport:
     def compatible(self) -> bool:
         """No issue that stops the model from running there."""
         return not any(i.severity == "error" for i in self.issues)
+
+    def __str__(self) -> str:
+        return self.summary()
 
     def summary(self) -> str:
         lines = [f"compatibility with {self.backend} ({self.target}): "

@@ -80,6 +80,8 @@ def reference_models(scale: float = 1.0) -> list[ReferenceModel]:
                        lambda b: torch.randn(b, 3, s(64), s(64))),
         ReferenceModel("encoder", lambda: encoder(s(256), 4, 2),
                        lambda b: torch.randn(b, s(128), s(256))),
-        ReferenceModel("decoder_lm", lambda: TinyDecoderLM(s(1024), s(256), 4, 2),
+        # Positions up to the input's length: scale > 2 makes inputs longer than 256.
+        ReferenceModel("decoder_lm", lambda: TinyDecoderLM(s(1024), s(256), 4, 2,
+                                                           max_len=max(256, s(128))),
                        lambda b: torch.randint(0, s(1024), (b, s(128)))),
     ]

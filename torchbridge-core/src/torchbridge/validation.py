@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -12,14 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchbridge import trees
 from torchbridge.backend import get_backend
 from torchbridge.levels import LEVEL_TOLERANCE, OptimizationLevel
-from torchbridge.optimize.measure import (
-    flatten_tensors,
-    preserved_state,
-    sample_call,
-    tensor_drift,
-)
+from torchbridge.optimize.measure import preserved_state, sample_call, tensor_drift
 from torchbridge.selection import list_backends
 
 logger = logging.getLogger(__name__)
@@ -59,9 +56,17 @@ class ValidationReport:
         return all(r.passed for r in self.results)
 
     def to_dict(self) -> dict[str, Any]:
+        """As JSON takes it: an output that could not be compared (another shape) has
+        None for its differences, not infinity (which strict JSON parsers refuse)."""
+        def finite(value: Any) -> Any:
+            return None if isinstance(value, float) and not math.isfinite(value) else value
+        results = [{**asdict(r), "outputs": [{k: finite(v) for k, v in asdict(o).items()}
+                                             for o in r.outputs]} for r in self.results]
         return {"reference": self.reference, "level": self.level,
-                "tolerance": self.tolerance, "passed": self.passed,
-                "results": [asdict(r) for r in self.results]}
+                "tolerance": self.tolerance, "passed": self.passed, "results": results}
+
+    def __str__(self) -> str:
+        return self.summary()
 
     def summary(self) -> str:
         lines = [f"validation against {self.reference} at {self.level}, tolerance "
@@ -82,10 +87,15 @@ class ValidationReport:
 
 def _run(backend: Any, model: nn.Module, sample_input: Any, level: OptimizationLevel
          ) -> list[torch.Tensor]:
+    """Every tensor and Python number the model returns, on the CPU, in its own dtype:
+    converted to float32 here, an int64 of 16777217 equalled 16777216 and a complex
+    output lost its imaginary part."""
     prepared = backend.prepare_model(model, level)  # a copy: `model` stays on the CPU
     with preserved_state(prepared):
         out = sample_call(backend, sample_input)(prepared)
-    return [t.detach().float().cpu() for t in flatten_tensors(out)]
+    return [leaf.detach().cpu() if isinstance(leaf, torch.Tensor) else torch.tensor(leaf)
+            for leaf in trees.leaves(out)
+            if isinstance(leaf, (torch.Tensor, bool, int, float, complex))]
 
 
 def validate(model: nn.Module, sample_input: Any, backends: list[Any] | None = None, *,
@@ -140,12 +150,26 @@ def _compare(result: BackendValidation, reference: list[torch.Tensor],
         result.error = f"returned {len(outputs)} output tensor(s), the reference " \
                        f"{len(reference)}"
         return
+    if not reference:
+        result.error = "the model returned no tensor or number to compare"
+        return
     for i, (ref, out) in enumerate(zip(reference, outputs, strict=True)):
         if ref.shape != out.shape:
             result.outputs.append(OutputComparison(i, tuple(out.shape), float("inf"),
                                                    float("inf"), False))
             continue
-        diff, rel = tensor_drift(ref, out)
-        ok = rel <= tolerance and bool(torch.isfinite(out).all() == torch.isfinite(ref).all())
+        if ref.is_complex() or out.is_complex():  # both parts, not the real one alone
+            ref, out = (torch.view_as_real(t.to(torch.complex128)) for t in (ref, out))
+        if ref.is_floating_point() or out.is_floating_point():
+            diff, rel = tensor_drift(ref, out)
+            ok = rel <= tolerance and \
+                bool(torch.isfinite(out).all() == torch.isfinite(ref).all())
+        else:
+            # Integers and booleans (token ids, counts, masks) are equal or not: a relative
+            # tolerance let 50000 ids, each off by one, pass at O1.
+            wide_ref, wide_out = ref.to(torch.int64), out.to(torch.int64)
+            diff = float((wide_ref - wide_out).abs().max()) if ref.numel() else 0.0
+            scale = float(wide_ref.abs().max()) if ref.numel() else 0.0
+            rel, ok = (diff / scale if scale else diff), diff == 0
         result.outputs.append(OutputComparison(i, tuple(ref.shape), diff, rel, ok))
     result.passed = all(o.passed for o in result.outputs)

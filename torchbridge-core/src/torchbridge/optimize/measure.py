@@ -60,8 +60,7 @@ def sample_call(backend: Any, sample_input: Any) -> Callable[[Any], Any]:
     pristine = backend.to_device(split_sample(sample_input))
     with torch.inference_mode(False):  # version counters: inference tensors have none
         args, kwargs = trees.map_tensors(_private_copy, pristine)
-    inputs = [t for t in trees.tensors((args, kwargs)) if not t.is_inference()]
-    originals = trees.tensors(pristine)
+    inputs, originals = trees.tensors((args, kwargs)), trees.tensors(pristine)
     versions = [t._version for t in inputs]
 
     def call(model: Any) -> Any:
@@ -69,7 +68,7 @@ def sample_call(backend: Any, sample_input: Any) -> Callable[[Any], Any]:
             return model(*args, **kwargs)
         finally:
             if any(t._version != v for t, v in zip(inputs, versions, strict=True)):
-                _restore(trees.tensors((args, kwargs)), originals)
+                _restore(inputs, originals)
                 versions[:] = [t._version for t in inputs]
     return call
 

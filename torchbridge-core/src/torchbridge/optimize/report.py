@@ -86,9 +86,14 @@ class OptimizationResult:
         return problems
 
     def _named(self, status: str) -> list[PassRecord]:
+        self._note_changes_since_prepare()
+        return [p for p in self.passes if p.status == status]
+
+    def _note_changes_since_prepare(self) -> None:
+        """What happened to the prepared model after prepare_model returned, where it
+        undoes a pass: the report is read through here (the pass lists, to_dict, summary)."""
         self._note_later_compile_failure()
         self._note_unfolded()
-        return [p for p in self.passes if p.status == status]
 
     def _note_unfolded(self) -> None:
         """A state dict loaded into the prepared model makes its folded BatchNorms
@@ -179,8 +184,7 @@ class OptimizationResult:
             f"quantization {outcome['mode']} rolled back: {detail}"
 
     def to_dict(self) -> dict[str, Any]:
-        self._note_later_compile_failure()
-        self._note_unfolded()
+        self._note_changes_since_prepare()
         return {
             "backend": self.backend, "level": self.level.value,
             "passes": [p.__dict__ for p in self.passes], "notes": self.notes,
@@ -194,8 +198,7 @@ class OptimizationResult:
         }
 
     def summary(self) -> str:
-        self._note_later_compile_failure()
-        self._note_unfolded()
+        self._note_changes_since_prepare()
         lines = [f"{self.backend} {self.level.value}:"]
         for p in self.passes:
             lines.append(f"  {p.status:8} {p.name}: {p.detail}")

@@ -284,3 +284,12 @@ def test_doctor_lists_a_kernel_only_on_the_backends_it_serves(reload_plugins: No
     kernels = doctor.collect()["contributions"]["kernels"]["kernels"]
     assert "rms_norm:for_cpu on cpu" in kernels
     assert not [k for k in kernels if "only_for_acme" in k or "for_cpu on example" in k]
+
+
+def test_the_final_check_is_a_stage_only_where_it_ran() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    backend = torchbridge.get_backend("cpu")
+    without = backend.optimize(copy.deepcopy(model), "O1")
+    assert "final_check" not in without.stage_seconds and without.max_rel_diff is None
+    checked = backend.optimize(copy.deepcopy(model), "O1", sample_input=torch.randn(4, 16))
+    assert "final_check" in checked.stage_seconds and checked.max_rel_diff is not None

@@ -249,24 +249,32 @@ class PluginHost:
     def _register_checked(self, plugin: object, record: PluginRecord) -> None:
         """Register an imported plugin unless it declares a contract range this core is
         outside of (status "incompatible": reported, never called)."""
+        if not self.refused_by_contract(plugin, record, "at import"):
+            self._register(plugin, record.name)
+
+    def refused_by_contract(self, plugin: object, record: PluginRecord, when: str) -> bool:
+        """Whether `plugin`'s TORCHBRIDGE_CONTRACT keeps it out: a range that cannot be read
+        (status "failed") or that this core is outside of ("incompatible"), said on
+        `record`. False for a plugin that declares none, or whose range holds."""
         spec = getattr(plugin, CONTRACT_ATTRIBUTE, None)
-        if spec is not None:
-            record.contract = spec if isinstance(spec, str) else repr(spec)
-            try:
-                problem = contract_problem(spec)
-            except ValueError as exc:
-                record.status, record.error = "failed", f"at import: {exc}"
-                record.errors.append(record.error)
-                return
-            if problem is not None:
-                logger.warning("plugin %s is incompatible: %s", record.name, problem)
-                record.status = "incompatible"
-                record.error = (f"{problem}; not loaded (install a release of "
-                                f"{record.distribution or 'the plugin'} written for contract "
-                                f"{CONTRACT_VERSION}, or a torchbridge-core its range allows)")
-                record.errors.append(record.error)
-                return
-        self._register(plugin, record.name)
+        if spec is None:
+            return False
+        record.contract = spec if isinstance(spec, str) else repr(spec)
+        try:
+            problem = contract_problem(spec)
+        except ValueError as exc:
+            record.status, record.error = "failed", f"{when}: {exc}"
+            record.errors.append(record.error)
+            return True
+        if problem is None:
+            return False
+        logger.warning("plugin %s is incompatible: %s", record.name, problem)
+        record.status = "incompatible"
+        record.error = (f"{problem}; not loaded (install a release of "
+                        f"{record.distribution or 'the plugin'} written for contract "
+                        f"{CONTRACT_VERSION}, or a torchbridge-core its range allows)")
+        record.errors.append(record.error)
+        return True
 
     def _register(self, plugin: object, name: str) -> None:
         self.pm.register(plugin, name=name)
@@ -450,23 +458,12 @@ def register_plugin(plugin: object, name: str | None = None) -> str:
     recorded as entry-point plugins are ("incompatible", or "failed") and never called,
     and this raises PluginError saying why."""
     host = get_plugin_host()
-    spec = getattr(plugin, CONTRACT_ATTRIBUTE, None)
-    if spec is not None:
-        label = name or type(plugin).__name__
-        record = PluginRecord(label, "runtime", "loaded")
-        status = "incompatible"
-        try:
-            problem = contract_problem(spec)
-        except ValueError as exc:
-            status, problem = "failed", str(exc)
-        if problem is not None:
-            record.contract = spec if isinstance(spec, str) else repr(spec)
-            # As _register_checked records an entry-point plugin outside the range.
-            record.status, record.error = status, f"{problem}; not registered"
-            record.errors.append(record.error)
-            host.records[label] = record
-            host.generation += 1
-            raise PluginError(f"plugin {label!r}: {problem}; not registered")
+    label = name or type(plugin).__name__
+    record = PluginRecord(label, "runtime", "loaded")
+    if host.refused_by_contract(plugin, record, "at registration"):
+        host.records[label] = record
+        host.generation += 1
+        raise PluginError(f"plugin {label!r} not registered: {record.error}")
     registered = host.pm.register(plugin, name=name)
     if registered is None:
         raise PluginError(f"plugin {name!r} is blocked")

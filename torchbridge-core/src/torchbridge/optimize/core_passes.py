@@ -122,8 +122,7 @@ def _as_eager_lays_out(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) 
     # then the outputs are left as they come. (A model that turns NHWC by itself on
     # contiguous inputs gets contiguous outputs here where eager's were channels_last:
     # the same values, a layout every view of eager's works on but NHWC-order ones.)
-    if not any(_nhwc(t) and t.is_floating_point() for t in trees.leaves(out)
-               if isinstance(t, torch.Tensor)):
+    if not any(_nhwc(t) and t.is_floating_point() for t in trees.tensors(out)):
         return out  # nothing to lay out: the output object itself, not rebuilt
     if any(_nhwc(t) for t in trees.tensors((args, kwargs))):
         return out

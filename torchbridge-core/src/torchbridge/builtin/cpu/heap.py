@@ -5,12 +5,12 @@ at first, raised to the largest such buffer freed, below 32 MiB) with a fresh mm
 gives the top of its heap back to the OS when more than its trim threshold (twice the mmap
 threshold) lies free there. A model whose call allocates and frees tens of MiB (logits,
 an int8 matmul's int32 result) then gets fresh pages every call, and the kernel zeroes
-each on its first touch. Measured on a 2-core AMD EPYC (family 26, model 2), torch 2.13:
-a Llama of torchbridge.hf_models at O3 with quantize="int8" (logits 512 x 8192 float32
-and the lm_head's int32 result, 16 MiB each) took 8160 page faults and 14.7 ms per call
-when called repeatedly, 0 faults and 6.1 ms once malloc kept its freed memory; a mix of
-other models' calls between its calls hid it or not, from one process to the next
-(5.8 to 9.2 ms in the HF suite).
+each on its first touch. Measured on a 2-core AMD EPYC (family 26, model 2), torch 2.13
+(benchmarks/heap_faults.py; docs/benchmarks.md, "Page faults"): a Llama of
+torchbridge.hf_models at O3 with quantize="int8" (logits 512 x 8192 float32 and the
+lm_head's int32 result, 16 MiB each) took 4096 page faults and 13.25 ms a call timed
+round-robin with the HF suite's other variants, 10 faults and 6.15 ms once malloc kept its
+freed memory (called repeatedly, 1019 faults and 6.21 ms against 0 and 5.96).
 
 The heap_reuse pass counts the fresh pages a call of the prepared model on the sample input
 takes and, where they are many, sets glibc's thresholds so that freed buffers are reused:

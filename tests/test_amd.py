@@ -410,6 +410,8 @@ def test_oom_protection_raises_the_amd_error(monkeypatch: pytest.MonkeyPatch) ->
 
     fake = FakeGPUs(monkeypatch, "RX 7900 XTX")
     fake.free = 100 * 1024 * 1024
+    # Nothing reserved and unused by this process's allocator, which would count as free.
+    monkeypatch.setattr(probe, "allocator_counters", lambda i: (2 * GB, 2 * GB, 3 * GB))
     manager = AMDMemoryManager(torchbridge.get_backend("rocm"))
     with pytest.raises(OutOfMemoryError, match=r"requested 90\.0 MiB.*free 100\.0 MiB"):
         manager.allocate_with_oom_protection((1024, 1024, 90), torch.uint8, safety_margin=1.2)

@@ -433,6 +433,8 @@ def test_intel_memory_manager_refuses_what_does_not_fit(monkeypatch: pytest.Monk
 
     fake = FakeXPUs(monkeypatch, "Arc 140V")
     fake.free = 100 * MiB
+    # Nothing reserved and unused by this process's allocator, which would count as free.
+    monkeypatch.setattr(probe, "allocator_counters", lambda i: (2 * GB, 2 * GB, 3 * GB))
     config = torchbridge.TorchBridgeConfig.load(hardware={"intel": {"pool_max_tensors": 3}})
     manager = IntelMemoryManager(config=config)
     assert manager.pool_max_tensors == 3

@@ -235,19 +235,31 @@ def manager_on_a_t4(monkeypatch: pytest.MonkeyPatch) -> tuple[object, FakeGPUs, 
     return manager, fake, events
 
 
-def test_oom_protection_refuses_what_does_not_fit(manager_on_a_t4: tuple) -> None:
+def test_oom_protection_refuses_what_does_not_fit(manager_on_a_t4: tuple,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from torchbridge.backends.nvidia import OutOfMemoryError
 
     manager, fake, events = manager_on_a_t4
     fake.free = 100 * 1024 * 1024  # 100 MB free
+    # This process's allocator holds 1 GiB reserved and unused (FakeGPUs' counters:
+    # 1 GiB allocated of 2 GiB reserved): the driver's free memory does not count it, the
+    # allocator serves from it, so a request over the driver's free figure is not refused.
+    manager.allocate_with_oom_protection((1024, 1024, 90), torch.uint8, safety_margin=1.2)
+    assert events == ["allocate"]
+    events.clear()
+    monkeypatch.setattr(probe, "allocator_counters", lambda i: (2 * GB, 2 * GB, 3 * GB))
     tensor = manager.allocate_with_oom_protection((1024, 1024, 20), torch.float32, 1.2)  # 80 MB
     assert tensor.shape == (1024, 1024, 20)
     with pytest.raises(OutOfMemoryError) as info:  # 90 MB x 1.2 > 100 MB
         manager.allocate_with_oom_protection((1024, 1024, 90), torch.uint8, safety_margin=1.2)
     message = str(info.value)
-    assert "requested 90.0 MiB" in message and "free 100.0 MiB" in message
+    assert "requested 90.0 MiB" in message and "free 100.0 MiB," in message
     assert f"total {fake.props.total_memory / 2**20:.1f} MiB" in message
     assert events == ["allocate"]  # the refused request never reached the allocator
+    monkeypatch.setattr(probe, "allocator_counters", lambda i: (2 * GB, 2 * GB + (5 << 20), 3 * GB))
+    with pytest.raises(OutOfMemoryError, match=r"free 100\.0 MiB \+ 5\.0 MiB reserved by this "
+                                                r"process's allocator and unused"):
+        manager.allocate_with_oom_protection((1024, 1024, 90), torch.uint8, safety_margin=1.2)
     with pytest.raises(torchbridge.ConfigurationError, match=r"safety_margin must be >= 1\.0"):
         manager.allocate_with_oom_protection((4,), torch.float32, safety_margin=0.5)
 
@@ -552,3 +564,22 @@ def test_on_a_real_gpu_device_info_and_memory() -> None:
     stats = backend.get_memory_stats()
     x = torch.empty(1024, 1024, device=backend.device)
     assert backend.get_memory_stats().allocated_bytes >= stats.allocated_bytes + x.nbytes
+
+
+def test_a_configured_precision_the_device_lacks_is_reported_as_such(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # config.precision="bfloat16" on a V100 (float16 only): honoured, as asked, but the
+    # report said it was "the device's low-precision dtype" and noted nothing.
+    FakeGPUs(monkeypatch, "V100")
+    cfg = torchbridge.TorchBridgeConfig.load(
+        precision="bfloat16", optimization={"disabled_passes": ["device_placement", "compile"]})
+    model = nn.Sequential(nn.Linear(16, 16)).eval()
+    result = torchbridge.get_backend("cuda", cfg).optimize(model, "O2")
+    note = next(n for n in result.notes if n.startswith("autocast: computes in bfloat16"))
+    assert "config.precision is bfloat16" in note
+    assert "does not list bfloat16" in note and "its own low-precision dtype: float16" in note
+    # Where the device lists it, the note names the setting and nothing more.
+    FakeGPUs(monkeypatch, "A100")
+    result = torchbridge.get_backend("cuda", cfg).optimize(model, "O2")
+    note = next(n for n in result.notes if n.startswith("autocast: computes in bfloat16"))
+    assert "does not list" not in note

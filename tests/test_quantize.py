@@ -407,27 +407,49 @@ def test_one_linear_torchao_refuses_keeps_its_float_weight(vnni: None) -> None:
     torch.testing.assert_close(result.model(*sample), model(*sample), rtol=0.1, atol=0.1)
 
 
-def _gpu(vendor: str, capability: str, **extra: Any) -> DeviceInfo:
+def _gpu(vendor: str, capability: str, *, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+         architecture: str = "known", **extra: Any) -> DeviceInfo:
     return DeviceInfo(name=f"{vendor} GPU", backend="cuda", memory_total_gb=80.0,
                       memory_available_gb=80.0, compute_capability=capability,
-                      supported_dtypes=["float32", "bfloat16"], vendor=vendor, extra=extra)
+                      supported_dtypes=list(dtypes), vendor=vendor, architecture=architecture,
+                      extra=extra)
+
+
+FP8 = ("float32", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 def test_where_each_mode_runs_on_gpus() -> None:
-    a100, l4, h100 = _gpu("NVIDIA", "8.0"), _gpu("NVIDIA", "8.9"), _gpu("NVIDIA", "9.0")
+    a100 = _gpu("NVIDIA", "8.0")
+    l4, h100 = _gpu("NVIDIA", "8.9", dtypes=FP8), _gpu("NVIDIA", "9.0", dtypes=FP8)
     assert "8.9 or newer" in (unsupported("float8", a100, "cuda") or "")
     assert unsupported("float8", l4, "cuda") is None and \
         unsupported("float8", h100, "cuda") is None
     assert all(unsupported(m, a100, "cuda") is None
                for m in ("int8", "int8_weight_only", "int4_weight_only"))
     assert "8.0 or newer" in (unsupported("int8", _gpu("NVIDIA", "7.5"), "cuda") or "")
-    mi250, mi300 = _gpu("AMD", "gfx90a"), _gpu("AMD", "gfx942", gcn_arch_name="gfx942:sramecc+")
+    mi250 = _gpu("AMD", "gfx90a")
+    mi300 = _gpu("AMD", "gfx942", dtypes=("float32", "bfloat16", "float8_e4m3fnuz"),
+                 gcn_arch_name="gfx942:sramecc+")
     assert "MI300" in (unsupported("float8", mi250, "cuda") or "")
     assert unsupported("float8", mi300, "cuda") is None
     assert unsupported("int4_weight_only", mi250, "cuda") is None
     assert "no XMX" in (unsupported("int8", _gpu("Intel", "12.0", xmx=False), "xpu") or "")
     assert unsupported("float8", _gpu("Intel", "12.60", xmx=True), "xpu") is None
     assert "no int8 kernels for xla" in (unsupported("int8", h100, "xla") or "")
+
+
+def test_a_gpu_the_plugin_does_not_know_gets_no_float8_or_int4_assumed() -> None:
+    # A compute capability outside the NVIDIA plugin's table is described with float32
+    # only, and its fp8_linear pass and autocast assume nothing: the gate agrees with
+    # them instead of comparing capabilities (it said float8 ran on 13.0).
+    future = _gpu("NVIDIA", "13.0", dtypes=("float32",), architecture="unknown")
+    assert "lists no float8 dtype" in (unsupported("float8", future, "cuda") or "")
+    assert "bfloat16" in (unsupported("int4_weight_only", future, "cuda") or "")
+    assert unsupported("int8", future, "cuda") is None
+    # An AMD architecture whose description lists no FP8 dtype is refused the same way,
+    # whatever torchao's own list of architectures says.
+    gfx940 = _gpu("AMD", "gfx940", gcn_arch_name="gfx940")  # torchao lists it
+    assert "lists no float8 dtype" in (unsupported("float8", gfx940, "cuda") or "")
 
 
 @needs_torchao

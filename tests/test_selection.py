@@ -67,6 +67,27 @@ def test_backend_override_by_env_and_config(monkeypatch: pytest.MonkeyPatch) -> 
         torchbridge.get_backend()
 
 
+@pytest.mark.parametrize("value", ["cuda", "rocm", "cdua", "cpu:x"])
+def test_detect_best_backend_checks_the_variable_as_get_backend_does(
+        monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    # It returned the variable as it stood: "rocm" on a machine without one, "cdua", and
+    # "cpu:x", where get_backend() raised.
+    monkeypatch.setenv("TORCHBRIDGE_BACKEND", value)
+    with pytest.raises(torchbridge.TorchBridgeError) as raised:
+        torchbridge.get_backend()
+    with pytest.raises(type(raised.value), match=str(raised.value)[:20]):
+        torchbridge.detect_best_backend()
+
+
+def test_detect_best_backend_names_the_backend_an_alias_or_index_picks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHBRIDGE_BACKEND", " CPU ")
+    assert torchbridge.detect_best_backend() == "cpu"
+    monkeypatch.setenv("TORCHBRIDGE_BACKEND", "cpu:0")
+    assert torchbridge.detect_best_backend() == "cpu:0"
+    assert torchbridge.get_backend(torchbridge.detect_best_backend()).name == "cpu"
+
+
 # Recorded from real machines: (torch.version.cuda, torch.version.hip, is_available, count).
 H100_NODE = ("12.4", None, True, 8)
 MI300X_NODE = (None, "6.2.41133", True, 8)

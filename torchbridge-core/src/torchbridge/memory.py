@@ -19,7 +19,7 @@ import torch
 
 from torchbridge.devices import device_module
 from torchbridge.errors import ConfigurationError, OutOfMemoryError
-from torchbridge.types import MIB
+from torchbridge.types import MIB, MemoryStats
 
 if TYPE_CHECKING:
     from torchbridge.backend import Backend
@@ -57,6 +57,15 @@ def apply_memory_fraction(backend: Backend) -> float | None:
         setter(fraction, device)
     logger.info("memory of %s capped at %.0f%% per device", backend.name, fraction * 100)
     return float(fraction)
+
+
+def _cached_unused(stats: MemoryStats) -> int:
+    """Bytes this process's caching allocator has reserved and not handed out (0 where the
+    backend does not count both)."""
+    reserved, allocated = stats.reserved_bytes, stats.allocated_bytes
+    if reserved is None or allocated is None:
+        return 0
+    return max(0, reserved - allocated)
 
 
 def _allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -144,18 +153,26 @@ class MemoryManager:
     # -- OOM protection -------------------------------------------------------------------
     def _oom(self, requested: int, margin: float, why: str) -> OutOfMemoryError:
         stats = self.backend.get_memory_stats()
-
+        cached = _cached_unused(stats)
+        also = f" + {mib(cached)} reserved by this process's allocator and unused" \
+            if cached else ""
         return self.oom_error(
             f"cannot allocate {mib(requested)} on {self.device} ({why}): requested "
             f"{mib(requested)} x safety margin {margin:g} = {mib(int(requested * margin))}, "
-            f"free {mib(stats.free_bytes)}, total {mib(stats.total_bytes)}")
+            f"free {mib(stats.free_bytes)}{also}, total {mib(stats.total_bytes)}")
 
     def check_allocation(self, nbytes: int, safety_margin: float | None = None) -> None:
-        """Raise OutOfMemoryError if `nbytes` x margin exceeds free memory. Where the backend
+        """Raise OutOfMemoryError if `nbytes` x margin exceeds free memory: the device's,
+        plus what this process's allocator has reserved and does not use. Where the backend
         cannot tell free memory the check passes and the allocator decides."""
         margin = self._margin(safety_margin)
         stats = self.backend.get_memory_stats()
         free, why = stats.free_bytes, "not enough free memory"
+        if free is not None:
+            # The device's free memory (cudaMemGetInfo) leaves out the blocks this process's
+            # caching allocator holds unused; it serves a request from them, or releases
+            # them and retries, before it fails.
+            free += _cached_unused(stats)
         fraction = memory_setting(self.backend, "max_memory_fraction")
         total, allocated = stats.total_bytes, stats.allocated_bytes
         if fraction is not None and total is not None and allocated is not None:

@@ -327,10 +327,17 @@ def detect_best_backend() -> str:
     """TORCHBRIDGE_BACKEND if set, else the available backend with the highest priority
     ("cuda", "rocm", "xpu", "tpu" or "cpu"): what get_backend() chooses unless a config
     file or config object names a backend (`backend = ...`), which this does not read, so
-    that discovery stays cheap (no pydantic: tests/test_errors_and_types.py)."""
+    that discovery stays cheap (no pydantic: tests/test_errors_and_types.py).
+
+    TORCHBRIDGE_BACKEND is checked as get_backend() checks it: the backend's name (an
+    alias resolved; with ":N" where it names a device index), or the error get_backend()
+    would raise (a malformed value, an unknown or unavailable backend), not the value as
+    it stands."""
     forced = os.environ.get(BACKEND_ENV)
     if forced:
-        return normalize_name(forced)
+        name, index = parse_backend_spec(forced)
+        status = backend_status(name)
+        return status.name if ":" not in forced else f"{status.name}:{index}"
     return best_available(list_backends()).name
 
 

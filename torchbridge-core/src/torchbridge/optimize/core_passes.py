@@ -182,12 +182,30 @@ def _autocast(model: nn.Module, ctx: PassContext) -> nn.Module:
     dtype = ctx.backend.low_precision_dtype(ctx.device_info)
     assert dtype is not None
     ctx.state["autocast_dtype"] = dtype
+    if ctx.config.precision != "auto":
+        ctx.notes.append(_configured_precision_note(dtype, ctx))
     if dtype == torch.float16 and ctx.training:
         # fp16's narrow range underflows small gradients; bf16 has float32's range.
         ctx.notes.append("autocast: training in float16 needs loss scaling; use "
                          f"torch.amp.GradScaler({ctx.backend.device.type!r})")
     autocast_forward(model, ctx.backend.device.type, dtype, _model_dtype(model))
     return model
+
+
+def _configured_precision_note(dtype: torch.dtype, ctx: PassContext) -> str:
+    """What the report says when config.precision chose the dtype, not the device: the
+    setting is honoured (the user asked for it), but a dtype the device's description does
+    not list (bfloat16 on a V100) runs emulated or not at all, and the pass's own words
+    ("the device's low-precision dtype") would say otherwise."""
+    name = str(dtype).removeprefix("torch.")
+    info = ctx.device_info
+    note = f"autocast: computes in {name} because config.precision is {name}"
+    if info.supported_dtypes and name not in info.supported_dtypes:
+        own = info.preferred_low_precision_dtype or "none"
+        note += (f"; {info.name} does not list {name} among its dtypes "
+                 f"({', '.join(info.supported_dtypes)}; its own low-precision dtype: "
+                 f"{own}), so it may run emulated and slower")
+    return note
 
 
 # Weights autocast would cast on every call; stored in the low-precision dtype instead.

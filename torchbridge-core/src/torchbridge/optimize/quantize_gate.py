@@ -84,14 +84,30 @@ def _intel(mode: str, info: DeviceInfo) -> str | None:
     return None
 
 
+def _not_listed(mode: str, info: DeviceInfo) -> str | None:
+    """Why the GPU's own description rules `mode` out: the NVIDIA and AMD plugins list the
+    float8 and bfloat16 dtypes of the architectures in their tables, and nothing for one
+    they do not know. The plugin's fp8_linear pass and autocast read the same list, so
+    that one report does not call FP8 absent and supported at once."""
+    dtypes = set(info.supported_dtypes)
+    if mode == "float8" and not any(d.startswith("float8") for d in dtypes):
+        return f"{info.name} ({info.architecture}) lists no float8 dtype in its device " \
+               f"description ({', '.join(info.supported_dtypes) or 'none'})"
+    if mode == "int4_weight_only" and "bfloat16" not in dtypes:
+        # torch's int4 kernel (_weight_int4pack_mm) takes bfloat16 activations.
+        return f"int4_weight_only computes with bfloat16 activations, which " \
+               f"{info.name} ({info.architecture}) does not list in its device description"
+    return None
+
+
 def unsupported(mode: str, info: DeviceInfo, device_type: str) -> str | None:
     """Why `mode` does not run on this device (None: it does), from its description."""
     if device_type == "cpu":
         return _cpu(mode, info)
     if device_type == "cuda" and info.vendor == "AMD":
-        return _amd(mode, info)
+        return _amd(mode, info) or _not_listed(mode, info)
     if device_type == "cuda":
-        return _nvidia(mode, info)
+        return _nvidia(mode, info) or _not_listed(mode, info)
     if device_type == "xpu":
         return _intel(mode, info)
     return f"torchao has no {mode} kernels for {device_type} devices"

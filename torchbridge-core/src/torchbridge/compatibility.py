@@ -25,17 +25,18 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchbridge.backend import get_backend
-from torchbridge.errors import TorchBridgeError
+from torchbridge.errors import TorchBridgeError, UnsupportedDtypeError
 from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.selection import detect_best_backend, list_backends, normalize_name
+from torchbridge.types import DeviceInfo
 
 logger = logging.getLogger(__name__)
 
-# What a target lacks when its device cannot describe itself here. (compute capability)
-# bf16 tensor cores from Ampere (8.0), FP8 from Ada/Hopper (8.9); TPUs and most Intel
-# client GPUs have no native float64.
-_NO_FLOAT64 = {"tpu": "TPUs have no float64 hardware: XLA emulates or demotes it",
-               "xpu": "Intel client GPUs (Arc) have no native float64"}
+# What a target lacks when its device cannot describe itself here (compute capability):
+# bf16 tensor cores from Ampere (8.0), FP8 from Ada/Hopper (8.9). No TPU has float64
+# hardware, present or not. Whether an Intel GPU has float64 only its description says
+# (extra["fp64"]: False on the Arc A-series, True on Xe2 and Data Center GPU Max).
+_NO_FLOAT64 = {"tpu": "TPUs have no float64 hardware: XLA emulates or demotes it"}
 _FLASH_HEAD_DIMS = "head size a multiple of 8 and at most 256"
 _HOST_OPS = {"aten::_local_scalar_dense": "a tensor value read on the host (.item(), "
              "float(), `if tensor:`)"}
@@ -44,6 +45,14 @@ _DYNAMIC_OPS = {"aten::nonzero", "aten::masked_select", "aten::unique", "aten::_
                 "aten::index with a boolean mask"}
 _FP8 = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
                                     "float8_e5m2fnuz") if hasattr(torch, n)}
+_OCP_FP8 = {torch.float8_e4m3fn, torch.float8_e5m2}
+# The float8 dtypes torch multiplies on a device type without FP8 matrix units: on CPUs
+# and Intel GPUs torch._scaled_mm goes through oneDNN, which converts them to a wider type
+# first (all four here, torch 2.13's CPU build; every current Intel GPU upconverts to f16,
+# oneDNN's data types page), and refuses the fnuz ones on Intel GPUs ("Float8_e4m3fnuz is
+# not supported in oneDNN!", intel/torch-xpu-ops#2538). On CUDA and ROCm torch._scaled_mm
+# refuses a GPU whose FP8 units do not compute the dtype (ScaledBlas.cpp).
+_FP8_CONVERTED = {"cpu": _FP8, "xpu": _OCP_FP8}
 
 
 @dataclass(frozen=True)
@@ -77,8 +86,9 @@ class CompatibilityReport:
 
 
 def _target(name: str, compute_capability: tuple[int, int] | None
-            ) -> tuple[str, str, tuple[int, int] | None, set[str] | None]:
-    """(canonical name, description, compute capability, supported dtypes or None)."""
+            ) -> tuple[str, str, tuple[int, int] | None, DeviceInfo | None]:
+    """(canonical name, description, compute capability, the present device's own
+    description or None)."""
     name = normalize_name(name)
     status = next((s for s in list_backends() if s.name == name), None)
     if status is None:
@@ -87,7 +97,7 @@ def _target(name: str, compute_capability: tuple[int, int] | None
         try:
             info = get_backend(status.name).get_device_info()
             return status.name, f"{info.name}, present", _capability(info.compute_capability), \
-                set(info.supported_dtypes)
+                info
         except TorchBridgeError as exc:
             logger.info("no description of %s: %s", status.name, exc)
     where = "present" if status.available else "not present here"
@@ -139,29 +149,85 @@ class _HostSync(TorchDispatchMode):  # type: ignore[misc,no-untyped-call,unused-
         return func(*args, **(kwargs or {}))
 
 
-def _check_dtypes(report: CompatibilityReport, model: nn.Module, name: str,
-                  cc: tuple[int, int] | None, supported: set[str] | None) -> None:
+def _dtype_names(dtypes: set[torch.dtype]) -> str:
+    return ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+
+
+def _float64_refusal(model: nn.Module, sample_input: Any, info: DeviceInfo | None
+                     ) -> str | None:
+    """prepare_model's own refusal (the device's extra["fp64"] is False), so that the two
+    always agree; None where it would run. A description that merely does not list
+    float64 (NVIDIA's and AMD's list what their matrix units compute) says nothing of it."""
+    from torchbridge.optimize.pipeline import refuse_float64  # here: its import is costly
+
+    if info is None:
+        return None
+    try:
+        refuse_float64(model, sample_input, info)
+    except UnsupportedDtypeError as exc:
+        return str(exc)
+    return None
+
+
+def _check_dtypes(report: CompatibilityReport, model: nn.Module, sample_input: Any, name: str,
+                  cc: tuple[int, int] | None, info: DeviceInfo | None) -> None:
     dtypes = _model_dtypes(model)
-    if torch.float64 in dtypes:
-        if supported is not None and "float64" not in supported:
-            report.issues.append(CompatibilityIssue("slow", "float64", "the device "
-                                                    "reports no float64 support"))
-        elif name in _NO_FLOAT64:
-            report.issues.append(CompatibilityIssue("slow", "float64", _NO_FLOAT64[name]))
+    refusal = _float64_refusal(model, sample_input, info)
+    if refusal:
+        report.issues.append(CompatibilityIssue("error", "float64", refusal))
+    elif torch.float64 in dtypes and name in _NO_FLOAT64:
+        report.issues.append(CompatibilityIssue("slow", "float64", _NO_FLOAT64[name]))
     if torch.bfloat16 in dtypes and name == "cuda" and cc is not None and cc < (8, 0):
         report.issues.append(CompatibilityIssue(
             "slow", "bfloat16", f"compute capability {cc[0]}.{cc[1]} (before Ampere) has no "
             "bf16 tensor cores: bf16 runs emulated; use float16 with a GradScaler"))
     fp8 = dtypes & _FP8
-    if fp8:
-        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in fp8))
-        if name != "cuda":
-            report.issues.append(CompatibilityIssue("error", "fp8", f"{names} weights: FP8 "
-                                                    f"matmuls exist only on NVIDIA GPUs here"))
-        elif cc is not None and cc < (8, 9):
+    if not fp8:
+        return
+    if info is not None:
+        _check_fp8(report, fp8, info)
+    elif name == "cuda" and cc is not None:
+        if cc < (8, 9):
             report.issues.append(CompatibilityIssue(
-                "error", "fp8", f"{names} weights need FP8 tensor cores (compute capability "
-                f"8.9 or newer, Ada/Hopper); this target is {cc[0]}.{cc[1]}"))
+                "error", "fp8", f"{_dtype_names(fp8)} weights need FP8 tensor cores (compute "
+                f"capability 8.9 or newer, Ada/Hopper); this target is {cc[0]}.{cc[1]}"))
+    else:
+        hint = " (give its compute_capability)" if name == "cuda" else ""
+        report.notes.append(f"fp8: {_dtype_names(fp8)} weights not checked: no {name} device "
+                            f"here to say which FP8 dtypes it computes{hint}")
+
+
+def _check_fp8(report: CompatibilityReport, fp8: set[torch.dtype], info: DeviceInfo) -> None:
+    """FP8 weights against the float8 dtypes the present device lists: those torch computes
+    on its FP8 units (e4m3fn and e5m2, or the fnuz pair on MI300), else none."""
+    listed = {d for d in info.supported_dtypes if d.startswith("float8")}
+    missing = {d for d in fp8 if str(d).removeprefix("torch.") not in listed}
+    if not missing:
+        return
+    names = _dtype_names(missing)
+    lists = ", ".join(info.supported_dtypes)
+    converted = _FP8_CONVERTED.get(info.device.partition(":")[0], set())
+    if missing <= converted:
+        report.issues.append(CompatibilityIssue(
+            "slow", "fp8", f"{names} weights: {info.name} lists no float8 dtype for them (it "
+            f"lists {lists}); torch multiplies them there through oneDNN, converted to a "
+            "wider type first"))
+    elif listed:
+        report.issues.append(CompatibilityIssue(
+            "error", "fp8", f"{names} weights: {info.name} computes FP8 in "
+            f"{', '.join(sorted(listed))} only, another encoding (the fnuz ones have no "
+            "negative zero, one NaN and another exponent bias: e4m3's largest value is 240 "
+            "there, 448 in float8_e4m3fn); quantize the weights to those"))
+    elif info.architecture == "unknown":
+        # A part its plugin's tables do not know is described by what is certain only:
+        # its missing FP8 is a fact about the tables, not the device.
+        report.notes.append(f"fp8: {names} weights not checked: {info.name} is not in its "
+                            f"plugin's tables, whose description lists {lists} only")
+    else:
+        also = f"; torch converts only {_dtype_names(converted)} there" if converted else ""
+        report.issues.append(CompatibilityIssue(
+            "error", "fp8", f"{names} weights: {info.name} lists no float8 dtype (it lists "
+            f"{lists}), so nothing computes FP8 on it{also}"))
 
 
 def _check_attention(report: CompatibilityReport, model: nn.Module, name: str) -> None:
@@ -247,9 +313,9 @@ def check_compatibility(model: nn.Module, sample_input: Any = None, backend: str
     runs once on the CPU (and on XLA when the target is XLA and torch_xla is installed)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"check_compatibility takes an nn.Module, got {type(model).__name__}")
-    name, target, cc, supported = _target(backend, compute_capability)
+    name, target, cc, info = _target(backend, compute_capability)
     report = CompatibilityReport(name, target)
-    _check_dtypes(report, model, name, cc, supported)
+    _check_dtypes(report, model, sample_input, name, cc, info)
     _check_attention(report, model, name)
     if sample_input is not None:
         _check_host_syncs(report, model, sample_input, name)

@@ -1,7 +1,7 @@
 """FP8 linear layers shared by the vendor plugins, parameterised by FP8 dtype.
 
-NVIDIA (Hopper and newer), AMD gfx950 and RDNA4 use the OCP formats (float8_e4m3fn,
-float8_e5m2); AMD gfx94x (MI300) uses the "fnuz" variants (float8_e4m3fnuz: no negative
+NVIDIA (Ada, 8.9, and newer), AMD gfx950 and RDNA4 use the OCP formats (float8_e4m3fn,
+float8_e5m2); AMD gfx942 (MI300) uses the "fnuz" variants (float8_e4m3fnuz: no negative
 zero, one NaN, largest finite value 240 instead of 448). torch._scaled_mm takes the
 dtype the device's FP8 units compute in: on ROCm it picks fnuz for gfx942 and OCP for the
 rest (`_scaled_mm_is_fnuz` in aten/src/ATen/native/cuda/Blas.cpp).
@@ -10,11 +10,12 @@ Weights are quantized once at conversion; activations on every call with a scale
 their current absolute maximum (dynamic per-tensor scaling). torch._scaled_mm has no
 backward, so these layers are for inference.
 
-On CPU torch._scaled_mm runs (oneDNN) for the OCP dtypes but refuses the fnuz ones
-("itensor_view_from_dense expects ... fp8 tensor input", torch 2.13): there the same
-quantized operands are multiplied as float32 (exactly the values an FP8 GEMM multiplies,
-accumulated in float32), so the fnuz numerics are testable here. A GPU never takes that
-path.
+On CPU torch._scaled_mm runs (oneDNN) for the OCP dtypes; for the fnuz ones it raised
+"itensor_view_from_dense expects ... fp8 tensor input" when this was written, so there the
+same quantized operands are multiplied as float32 here (exactly the values an FP8 GEMM
+multiplies, accumulated in float32), and the fnuz numerics are testable on any torch.
+(torch 2.13.0's CPU build runs fnuz too: checked 2026-11-27, float32 output equal to the
+float32 product.) A GPU never takes that path.
 
 Lives in layer 1 of the core (it imports only errors) so that the kernel registry and the
 passes above can both use it.

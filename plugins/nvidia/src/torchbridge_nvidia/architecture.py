@@ -38,6 +38,12 @@ _BY_CAPABILITY = {
     (8, 9): NVIDIAArchitecture.ADA,        # L4, L40S, RTX 40xx (Ada Lovelace whitepaper)
     (9, 0): NVIDIAArchitecture.HOPPER,     # H100, H200 (H100 Tensor Core GPU Architecture)
     (10, 0): NVIDIAArchitecture.BLACKWELL,  # B200 (Blackwell architecture technical brief)
+    # Jetson Thor, one GPU under two numbers: sm_101 up to CUDA 12.9, renamed sm_110 from
+    # CUDA 13.0 (CUTLASS 4.2 changelog; NVIDIA MathDx release notes). Blackwell tensor cores
+    # of sm_100's kind (tcgen05), so FP8, BF16 and FP16 as below; torch._scaled_mm's gate
+    # (major >= 9) accepts both numbers.
+    (10, 1): NVIDIAArchitecture.BLACKWELL,
+    (11, 0): NVIDIAArchitecture.BLACKWELL,
     (10, 3): NVIDIAArchitecture.BLACKWELL,  # B300 (Blackwell Ultra; CUDA 12.9 sm_103)
     (12, 0): NVIDIAArchitecture.BLACKWELL,  # RTX 50xx (RTX Blackwell GPU architecture)
     (12, 1): NVIDIAArchitecture.BLACKWELL,  # GB10 / DGX Spark (CUDA 12.9 sm_121)
@@ -54,10 +60,28 @@ BF16_SINCE = NVIDIAArchitecture.AMPERE  # bf16 and TF32 (A100 Tensor Core GPU Ar
 # Transformer Engine"); torch._scaled_mm accepts 8.9 and 9.0+ (ScaledBlas.cpp).
 FP8_SINCE = NVIDIAArchitecture.ADA
 FP8_MIN_CAPABILITY = (8, 9)
+# The names of the architectures in the table with FP8 (for a kernel's `architectures`).
+FP8_ARCHITECTURES = tuple(arch.value for arch, rank in _RANK.items()
+                          if rank >= _RANK[FP8_SINCE])
+
+
+# flash-attn's own requirements (flash-attn README): FlashAttention-3's kernels are built
+# for Hopper (sm_90) only, FlashAttention-2's for Ampere (8.0) and newer; it refuses older
+# GPUs at the call ("FlashAttention only supports Ampere GPUs or newer").
+FLASH_ATTN_3_ARCHITECTURES = (NVIDIAArchitecture.HOPPER.value,)
+FLASH_ATTN_3_MIN_CAPABILITY = (9, 0)
+FLASH_ATTN_2_MIN_CAPABILITY = (8, 0)
 
 
 def architecture_of(major: int, minor: int) -> NVIDIAArchitecture:
     return _BY_CAPABILITY.get((major, minor), NVIDIAArchitecture.UNKNOWN)
+
+
+def not_in_table(capability: str | None) -> str:
+    """What to say of a GPU the table does not know: a fact about this plugin, not about the
+    GPU (which may well have what the table would give a newer architecture)."""
+    return f"compute capability {capability or '(none reported)'} is not in the NVIDIA " \
+           "plugin's table of architectures"
 
 
 def at_least(arch: NVIDIAArchitecture, oldest: NVIDIAArchitecture) -> bool:

@@ -1,6 +1,8 @@
 """`FlashAttention3`: multi-head attention that runs on the fastest kernel able to honour
-its inputs: flash-attn 3 (Hopper), flash-attn 2, else torch's scaled_dot_product_attention
-(which itself picks flash / memory-efficient / math kernels and runs everywhere).
+its inputs: flash-attn 3 (Hopper), flash-attn 2 (Ampere, 8.0, and newer), else torch's
+scaled_dot_product_attention (which itself picks flash / memory-efficient / math kernels and
+runs everywhere). "auto" passes over a flash-attn the GPU cannot run and says why; a version
+asked for by name that cannot run is a FlashAttentionError naming the reason.
 
 The flash-attn kernels take no arbitrary mask: when a mask is given they are never chosen.
 `last_path` and `last_reason` say what the most recent call ran and why.
@@ -15,6 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchbridge_nvidia.architecture import (
+    FLASH_ATTN_2_MIN_CAPABILITY,
+    FLASH_ATTN_3_MIN_CAPABILITY,
+)
 from torchbridge_nvidia.errors import FlashAttentionError, KernelLaunchError
 
 logger = logging.getLogger(__name__)
@@ -41,6 +47,28 @@ def _flash_kernels(module: Any | None) -> Any:
     if module is None:  # select_path chose it, so it imported a moment ago
         raise FlashAttentionError("flash-attn disappeared between path selection and call")
     return module
+
+
+def _cannot_run(version: str, device: torch.device, dropout: float) -> str | None:
+    """Why flash-attn `version` ("3" or "2") cannot run on this CUDA device (None: it can).
+    The capability gates are the kernel registry's (kernels.py): flash-attn itself refuses
+    an older GPU only at the call."""
+    if version == "3":
+        if _flash_attn_3() is None:
+            return "flash-attn 3 (flash_attn_interface) is not installed"
+        major, minor = torch.cuda.get_device_capability(device)
+        if major != FLASH_ATTN_3_MIN_CAPABILITY[0]:
+            return f"flash-attn 3 is built for Hopper (compute capability 9.0) only; the " \
+                   f"device has {major}.{minor}"
+        return "flash-attn 3 has no dropout" if dropout else None
+    if _flash_attn_2() is None:
+        return "flash-attn 2 (flash_attn) is not installed"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < FLASH_ATTN_2_MIN_CAPABILITY:
+        need = ".".join(map(str, FLASH_ATTN_2_MIN_CAPABILITY))
+        return f"flash-attn 2 needs compute capability {need} (Ampere) or newer; the device " \
+               f"has {major}.{minor}"
+    return None
 
 
 class FlashAttention3(nn.Module):
@@ -98,22 +126,15 @@ class FlashAttention3(nn.Module):
             [self.version] if self.version in candidates else []
         if not blockers:
             for version in wanted:
-                if version == "3":
-                    if _flash_attn_3() is None:
-                        continue
-                    if torch.cuda.get_device_capability(q.device)[0] != 9:
-                        continue  # flash-attn 3 kernels are built for Hopper only
-                    if dropout:
-                        continue  # flash-attn 3 has no dropout
-                    return "flash_attn_3", "flash-attn 3 on Hopper"
-                if version == "2" and _flash_attn_2() is not None:
-                    return "flash_attn_2", "flash-attn 2"
+                why = _cannot_run(version, q.device, dropout)
+                if why is None:
+                    return candidates[version], ("flash-attn 3 on Hopper" if version == "3"
+                                                 else "flash-attn 2")
+                blockers.append(why)  # auto goes on to the next, and says why not this
         if self.version in candidates:
-            why = "; ".join(blockers) or f"flash-attn {self.version} is not installed or " \
-                                         "cannot run on this GPU"
             raise FlashAttentionError(f"version={self.version!r} was requested but cannot "
-                                      f"run: {why}")
-        return "sdpa", "; ".join(blockers) or "flash-attn is not installed"
+                                      f"run: {'; '.join(blockers)}")
+        return "sdpa", "; ".join(blockers) or "version='sdpa' was requested"
 
     def _sdpa_mask(self, attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None,
                    batch: int, q_len: int, k_len: int, device: torch.device,

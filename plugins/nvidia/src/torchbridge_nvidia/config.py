@@ -17,7 +17,8 @@ from torchbridge_nvidia.architecture import NVIDIAArchitecture
 class NVIDIAConfig(ConfigModel):
     architecture: NVIDIAArchitecture | Literal["auto"] = Field(
         default="auto", description="auto: from the device's compute capability; set it "
-        "only for a GPU newer than this plugin's table")
+        "only for a GPU newer than this plugin's table, whose DeviceInfo (dtypes, so "
+        "autocast), passes and kernel choice then follow it; ignored for a GPU in the table")
     fp8_enabled: bool | Literal["auto"] = Field(
         default="auto", description="FP8 linears at O3; auto: on Ada (compute capability "
         "8.9) and newer. True on an older GPU is an error in strict mode, a skipped pass "
@@ -28,7 +29,7 @@ class NVIDIAConfig(ConfigModel):
                              "on Ampere and newer")
     flash_attention_version: Literal["auto", "3", "2", "sdpa"] = Field(
         default="auto", description="FlashAttention3 module: auto picks flash-attn 3 on "
-        "Hopper, then flash-attn 2, then torch SDPA")
+        "Hopper, then flash-attn 2 on Ampere (8.0) and newer, then torch SDPA")
     enable_oom_protection: bool | None = Field(
         default=None, description="None: use memory.enable_oom_protection")
     max_memory_fraction: float | None = Field(

@@ -9,21 +9,48 @@ import torch
 from torchbridge.types import DeviceCount, DeviceInfo
 
 from torchbridge_nvidia import probe
-from torchbridge_nvidia.architecture import NVIDIAArchitecture, architecture_of, precision_policy
+from torchbridge_nvidia.architecture import (
+    NVIDIAArchitecture,
+    architecture_of,
+    not_in_table,
+    precision_policy,
+)
 from torchbridge_nvidia.errors import CUDADeviceError, CUDANotAvailableError
 
 logger = logging.getLogger(__name__)
 _GB = 1024**3
 
 
-def describe_device(index: int, backend_name: str = "cuda") -> DeviceInfo:
+def configured_architecture(detected: NVIDIAArchitecture, configured: str | None,
+                            capability: str) -> tuple[NVIDIAArchitecture, str | None]:
+    """The architecture of a GPU whose table entry is `detected`: a configured one
+    (hardware.nvidia.architecture) fills in only when the table does not know the GPU, so
+    that DeviceInfo, autocast and the passes give one answer. Returns it and a note when
+    the table did not know the GPU or the setting was ignored."""
+    if configured in (None, "auto"):
+        configured = detected.value
+    wanted = NVIDIAArchitecture(configured)  # the config holds the enum: name its value
+    if detected is NVIDIAArchitecture.UNKNOWN and wanted is NVIDIAArchitecture.UNKNOWN:
+        return detected, (f"{not_in_table(capability)}; no low-precision dtype assumed (set "
+                          "hardware.nvidia.architecture if you know it)")
+    if wanted is detected:
+        return detected, None
+    if detected is NVIDIAArchitecture.UNKNOWN:
+        return wanted, (f"{not_in_table(capability)}; treated as {wanted.value} "
+                        "(hardware.nvidia.architecture)")
+    return detected, (f"hardware.nvidia.architecture={wanted.value} ignored: the GPU is "
+                      f"{detected.value}")
+
+
+def describe_device(index: int, backend_name: str = "cuda", section: Any = None) -> DeviceInfo:
+    """`section`: config.hardware.nvidia of the backend asking (None: no config)."""
     props = probe.device_properties(index)
-    arch = architecture_of(props.major, props.minor)
+    capability = f"{props.major}.{props.minor}"
+    detected = architecture_of(props.major, props.minor)
+    arch, note = configured_architecture(detected, getattr(section, "architecture", None),
+                                         capability)
     if arch is NVIDIAArchitecture.UNKNOWN:
-        logger.warning("%s has compute capability %d.%d, which this plugin's table does not "
-                       "know; no low-precision dtype is assumed (set "
-                       "hardware.nvidia.architecture if you know it)", props.name,
-                       props.major, props.minor)
+        logger.warning("%s: %s", props.name, note)
     policy = precision_policy(arch)
     free, _ = probe.mem_get_info(index)
     return DeviceInfo(
@@ -31,7 +58,7 @@ def describe_device(index: int, backend_name: str = "cuda") -> DeviceInfo:
         backend=backend_name,
         memory_total_gb=props.total_memory / _GB,
         memory_available_gb=free / _GB,
-        compute_capability=f"{props.major}.{props.minor}",
+        compute_capability=capability,
         supported_dtypes=policy.supported_dtypes,
         vendor="NVIDIA",
         architecture=arch.value,
@@ -39,6 +66,7 @@ def describe_device(index: int, backend_name: str = "cuda") -> DeviceInfo:
         device=f"cuda:{index}",
         extra={"multiprocessor_count": props.multi_processor_count,
                "utilization": probe.gpu_utilization(index, props.pci_bus_id)},
+        notes=note,
     )
 
 

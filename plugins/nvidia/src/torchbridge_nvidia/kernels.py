@@ -4,8 +4,10 @@ core's FP8 linear (e4m3fn) for the `linear` op from compute capability 8.9. The 
 op takes (batch, heads, seq, head_dim) like torch's SDPA; flash-attn takes (batch, seq,
 heads, head_dim), so the layout is transposed around the call.
 
-Each declines what flash-attn cannot do (a mask, float32, head sizes it has no kernel
-for, flash-attn 3 off Hopper), and the reference (torch's SDPA) runs that call instead.
+flash-attn 3 declares the architecture it is built for (Hopper), so selection passes it
+over elsewhere and flash-attn 2 is chosen where it can run. Each declines what flash-attn
+cannot do (a mask, float32, head sizes it has no kernel for), and the reference (torch's
+SDPA) runs that call instead.
 Inference only: the op's backward is the reference's.
 """
 
@@ -18,6 +20,14 @@ from typing import Any
 import torch
 from torchbridge.kernels.fp8_linear import fp8_linear_implementation
 from torchbridge.kernels.implementations import KernelImplementation
+
+from torchbridge_nvidia.architecture import (
+    FLASH_ATTN_2_MIN_CAPABILITY,
+    FLASH_ATTN_3_ARCHITECTURES,
+    FLASH_ATTN_3_MIN_CAPABILITY,
+    FP8_ARCHITECTURES,
+    FP8_MIN_CAPABILITY,
+)
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -42,6 +52,10 @@ def _declines(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any,
 
 
 def _hopper_only(*args: Any) -> str | None:
+    # Selection already passes flash_attn_3 over off Hopper (its `architectures`), so the
+    # next candidate runs there; this per-call check only guards a device whose
+    # DeviceInfo says Hopper when torch says otherwise (hardware.nvidia.architecture set
+    # on a GPU the table does not know).
     reason = _declines(*args)
     if reason is None and torch.cuda.get_device_capability(args[0].device)[0] != 9:
         return "flash-attn 3 kernels are built for Hopper (sm_90) only"
@@ -82,18 +96,26 @@ def implementations() -> list[KernelImplementation]:
     return [
         # flash-attn README: FlashAttention-3 is for Hopper (H100/H800); FlashAttention-2
         # for Ampere, Ada and Hopper, fp16/bf16, head dimensions up to 256.
+        # flash_attn_3 names its architecture, not only a least capability: Blackwell
+        # (10.x, 12.x) is above 9.0 but has no flash-attn 3 kernels, and a candidate that
+        # declines every call would keep flash_attn_2 from being chosen.
         KernelImplementation(
             "scaled_dot_product_attention", "flash_attn_3", flash_attn_3, backends=("cuda",),
-            dtypes=HALF, min_capability=(9, 0), declines=_hopper_only, priority=2,
+            dtypes=HALF, min_capability=FLASH_ATTN_3_MIN_CAPABILITY,
+            architectures=FLASH_ATTN_3_ARCHITECTURES, declines=_hopper_only, priority=2,
             unavailable=_missing("flash_attn_interface", "flash-attn 3 (flash_attn_interface)"),
             description="FlashAttention-3 on Hopper"),
         KernelImplementation(
             "scaled_dot_product_attention", "flash_attn_2", flash_attn_2, backends=("cuda",),
-            dtypes=HALF, min_capability=(8, 0), declines=_declines, priority=1,
+            dtypes=HALF, min_capability=FLASH_ATTN_2_MIN_CAPABILITY, declines=_declines,
+            priority=1,
             unavailable=_missing("flash_attn", "flash-attn 2 (flash_attn)"),
             description="FlashAttention-2"),
         # FP8 tensor cores: Ada (8.9) and Hopper (9.0) onwards (architecture.FP8_SINCE;
-        # torch's _scaled_mm_allowed_device in ScaledBlas.cpp).
+        # torch's _scaled_mm_allowed_device in ScaledBlas.cpp). The architectures too: a
+        # capability not in the plugin's table is described with no FP8 (as the fp8_linear
+        # pass and the quantize gate take it), so the kernel is not chosen there either.
         fp8_linear_implementation("cuda_fp8_linear_e4m3", torch.float8_e4m3fn,
-                                  backends=("cuda",), min_capability=(8, 9)),
+                                  backends=("cuda",), min_capability=FP8_MIN_CAPABILITY,
+                                  architectures=FP8_ARCHITECTURES),
     ]

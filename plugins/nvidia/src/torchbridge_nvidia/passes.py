@@ -6,7 +6,7 @@ folding, channels_last, autocast to the DeviceInfo's preferred dtype, torch.comp
 | cudnn_benchmark | O1 | the model has convolutions and hardware.nvidia.cudnn_benchmark |
 | tf32 | O2 | Ampere or newer and hardware.nvidia.allow_tf32 |
 | max_autotune | O3 | inference: inductor max-autotune and CUDA graphs |
-| fp8_linear | O3 | inference, Hopper or newer, hardware.nvidia.fp8_enabled auto or on |
+| fp8_linear | O3 | inference, Ada (8.9) or newer, hardware.nvidia.fp8_enabled auto or on |
 
 tf32 sits at O2 although the issue of precision is small: TF32 keeps 10 mantissa bits, so
 O1's promise (float32 agreement) would not hold.
@@ -27,6 +27,7 @@ from torchbridge_nvidia.architecture import (
     NVIDIAArchitecture,
     PrecisionPolicy,
     at_least,
+    not_in_table,
     precision_policy,
 )
 from torchbridge_nvidia.errors import InvalidArchitectureError
@@ -37,8 +38,9 @@ if TYPE_CHECKING:
 
 def effective_architecture(ctx: PassContext) -> NVIDIAArchitecture:
     """The device's architecture; config.hardware.nvidia.architecture only fills in for a
-    GPU the table does not know. A setting contradicting a known GPU is a ConfigurationError
-    in strict mode and otherwise noted and ignored."""
+    GPU the table does not know (the plugin's DeviceInfo has it filled in already, see
+    devices.configured_architecture). A setting contradicting a known GPU is a
+    ConfigurationError in strict mode and otherwise noted and ignored."""
     detected = NVIDIAArchitecture(ctx.device_info.architecture or "unknown")
     configured = ctx.backend.hardware_config.architecture
     if configured == "auto" or configured == detected:
@@ -87,6 +89,9 @@ def _tf32_check(model: nn.Module, ctx: PassContext) -> str | None:
     if not ctx.backend.hardware_config.allow_tf32:
         return "config hardware.nvidia.allow_tf32 is off"
     arch = effective_architecture(ctx)
+    if arch is NVIDIAArchitecture.UNKNOWN:  # not known to lack them: not known at all
+        return f"{not_in_table(ctx.device_info.compute_capability)}; no TF32 assumed (set " \
+               "hardware.nvidia.architecture if you know it)"
     if not at_least(arch, NVIDIAArchitecture.AMPERE):
         return f"{arch.value} has no TF32 tensor cores (Ampere and newer do)"
     return None
@@ -120,13 +125,21 @@ def _max_autotune_check(model: nn.Module, ctx: PassContext) -> str | None:
     return compile_ahead(ctx)  # options of the compile pass: nothing without it
 
 
-def fp8_skip_reason(policy: PrecisionPolicy, setting: bool | str, strict: bool) -> str | None:
+def fp8_skip_reason(policy: PrecisionPolicy, setting: bool | str, strict: bool,
+                    capability: str | None = None) -> str | None:
+    """`capability`: the device's ("13.0"), named when the table does not know it."""
     if setting is False:
         return "config hardware.nvidia.fp8_enabled is off"
     if policy.fp8:
         return None
-    why = f"{policy.architecture.value} has no FP8 tensor cores (Ada, compute capability " \
-          "8.9, and newer do)"
+    if policy.architecture is NVIDIAArchitecture.UNKNOWN:
+        # A fact about this plugin's table, not about the GPU (a newer one may well have
+        # FP8): say which, and how to tell the plugin.
+        why = f"{not_in_table(capability)}; no FP8 assumed (set " \
+              "hardware.nvidia.architecture if you know it)"
+    else:
+        why = f"{policy.architecture.value} has no FP8 tensor cores (Ada, compute " \
+              "capability 8.9, and newer do)"
     if setting is True:
         if strict:
             raise InvalidArchitectureError(f"hardware.nvidia.fp8_enabled=True, but {why}",
@@ -139,7 +152,7 @@ def _fp8_check(model: nn.Module, ctx: PassContext) -> str | None:
     if ctx.quantize is not None:  # the quantize pass (torchao) takes the Linear layers
         return f"quantize={ctx.quantize!r} asked for: torchao quantizes the Linear layers"
     reason = fp8_skip_reason(_policy(ctx), ctx.backend.hardware_config.fp8_enabled,
-                             ctx.config.strict)
+                             ctx.config.strict, ctx.device_info.compute_capability)
     if reason is None and not any(type(m) is nn.Linear for m in model.modules()):
         return "no nn.Linear in the model"
     return reason

@@ -42,12 +42,15 @@ def torchbridge_detect() -> Detection:
 
 
 @hookimpl
-def torchbridge_device_info(backend_name: str, device: torch.device) -> DeviceInfo | None:
+def torchbridge_device_info(backend_name: str, device: torch.device, backend: Backend
+                            ) -> DeviceInfo | None:
     if not _mine(backend_name, device):
         return None
     from torchbridge_nvidia.devices import describe_device
 
-    return describe_device(device.index or 0, backend_name)
+    # The backend's section: hardware.nvidia.architecture fills in for a GPU the table does
+    # not know here too, so autocast reads the same precision as the passes.
+    return describe_device(device.index or 0, backend_name, backend.hardware_config)
 
 
 @hookimpl

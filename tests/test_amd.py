@@ -77,7 +77,8 @@ class FakeGPUs:
         monkeypatch.setattr(probe, "probe", lambda: ProbeResult(True, count, None))
         monkeypatch.setattr(probe, "device_properties", lambda i: self.props)
         monkeypatch.setattr(probe, "build_arch_list", lambda: self.build)
-        monkeypatch.setattr(probe, "hip_version", lambda: "6.4.43482")
+        # ROCm 7.0: torch's FP8 gate allows gfx950 from 6.5 and its MX formats from 7.0.
+        monkeypatch.setattr(probe, "hip_version", lambda: "7.0.51831")
         monkeypatch.setattr(probe, "flash_attention_built", lambda: self.flash_built)
         monkeypatch.setattr(probe, "mem_get_info", lambda i: (self.free, self.props.total_memory))
         monkeypatch.setattr(probe, "allocator_counters", lambda i: (GB, 2 * GB, 3 * GB))

@@ -8,13 +8,18 @@ also how AOTriton reads it (tritonsrc/rocm_arch.py: "gfx942:sramecc+:xnack-" ->
 no low-precision dtype is assumed.
 
 Sources of the policy (torch 2.13 unless said otherwise):
-- FP8: torch's `_scaled_mm` allows gfx942, gfx950, gfx1200, gfx1201 on ROCm and uses the
-  fnuz formats only on gfx94x (`_scaled_mm_allowed_device` / `_scaled_mm_is_fnuz` in
-  aten/src/ATen/native/cuda/ScaledBlas.cpp, Blas.cpp before torch 2.9;
-  torch/testing/_internal/common_cuda.py `evaluate_platform_supports_fp8`: gfx94, gfx120
-  from ROCm 6.3, gfx95 from ROCm 6.5).
-- MX formats (MXFP8/MXFP4 block-scaled GEMM): gfx950 with ROCm 7.0
-  (common_cuda.py `evaluate_platform_supports_mx_gemm`).
+- FP8: torch's `_scaled_mm` allows gfx942 on ROCm, gfx1200 and gfx1201 when torch was built
+  with ROCm 6.3 or newer, gfx950 with ROCm 6.5 or newer, and nothing else: not the
+  pre-production gfx940/gfx941, though their CDNA3 matrix cores have the same FP8
+  instructions (`_scaled_mm_allowed_device` in aten/src/ATen/native/cuda/ScaledBlas.cpp,
+  Blas.cpp before torch 2.9, whose earlier list was gfx940-942). The fnuz formats are
+  gfx942's only (`_scaled_mm_is_fnuz`).
+- MX formats (MXFP8/MXFP4 block-scaled GEMM): gfx950 with ROCm 7.0 or newer (the hipBLASLt
+  scaled GEMM in aten/src/ATen/cuda/CUDABlas.cpp; common_cuda.py
+  `evaluate_platform_supports_mx_gemm`).
+- The ROCm version those gates compare is the one torch was built with (ROCM_VERSION), read
+  here from `torch.version.hip` ("6.4.43482-0f2d60242"): HIP's major.minor is its ROCm
+  release's.
 - TF32: `torch.cuda.is_tf32_supported()` is true on ROCm for "gfx94" and "gfx95" names only
   (torch/cuda/__init__.py), and hipBLASLt serves it differently on the two: gfx94x (CDNA3)
   has XF32 matrix instructions (AMD CDNA 3 ISA reference guide, V_MFMA_F32_*_XF32);
@@ -30,6 +35,7 @@ Sources of the policy (torch 2.13 unless said otherwise):
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +95,12 @@ _TF32_NATIVE = ("gfx940", "gfx941", "gfx942")
 _TF32_EMULATED = ("gfx950",)
 _FNUZ = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 _OCP = (torch.float8_e4m3fn, torch.float8_e5m2)
+# torch 2.13's ROCm gates (module text): the architectures, each with the least ROCm version
+# torch must be built with; (0, 0) where torch sets none.
+FP8_MIN_ROCM: dict[str, tuple[int, int]] = {"gfx942": (0, 0), "gfx1200": (6, 3),
+                                            "gfx1201": (6, 3), "gfx950": (6, 5)}
+MX_MIN_ROCM: dict[str, tuple[int, int]] = {"gfx950": (7, 0)}
+_MX_FORMATS = ("mxfp8", "mxfp4")
 
 
 def arch_name(gcn_arch_name: str) -> str:
@@ -101,12 +113,45 @@ def family_of(arch: str) -> AMDFamily:
     return info.family if info else AMDFamily.UNKNOWN
 
 
-def fp8_dtypes(arch: str) -> tuple[torch.dtype, torch.dtype] | None:
-    """(e4m3, e5m2) the FP8 units of `arch` compute in, or None."""
-    if arch in ("gfx940", "gfx941", "gfx942"):  # CDNA 3 ISA: fnuz FP8 MFMAs; ScaledBlas.cpp
-        return _FNUZ
-    if arch in ("gfx950", "gfx1200", "gfx1201"):  # CDNA 4 / RDNA4 ISA: OCP FP8; ScaledBlas.cpp
-        return _OCP
+def rocm_version(hip_version: str | None) -> tuple[int, int] | None:
+    """torch.version.hip ("6.4.43482-0f2d60242") as (6, 4); None when not given or not
+    readable."""
+    found = re.match(r"\s*(\d+)\.(\d+)", hip_version or "")
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def rocm_needed(gate: dict[str, tuple[int, int]], arch: str, hip_version: str | None
+                ) -> str | None:
+    """"ROCm 6.5" where torch's `gate` allows `arch` only from a newer ROCm than the one
+    this torch was built with; None where the version is enough, or not known."""
+    need, have = gate.get(arch), rocm_version(hip_version)
+    if need is None or have is None or have >= need:
+        return None
+    return f"ROCm {need[0]}.{need[1]}"
+
+
+def fp8_dtypes(arch: str, hip_version: str | None = None
+               ) -> tuple[torch.dtype, torch.dtype] | None:
+    """(e4m3, e5m2) torch's `_scaled_mm` computes in on `arch` with a torch built for
+    `hip_version` (torch.version.hip; None: the architecture alone decides), or None."""
+    if arch not in FP8_MIN_ROCM or rocm_needed(FP8_MIN_ROCM, arch, hip_version):
+        return None
+    return _FNUZ if arch == "gfx942" else _OCP  # CDNA 3 ISA: fnuz; CDNA 4 / RDNA4 ISA: OCP
+
+
+def fp8_refusal(arch: str, hip_version: str | None = None) -> str | None:
+    """Why torch's `_scaled_mm` refuses FP8 on `arch` (None: it allows it), naming the ROCm
+    version needed where that is the reason."""
+    needed = rocm_needed(FP8_MIN_ROCM, arch, hip_version)
+    if needed:
+        return (f"torch's _scaled_mm allows FP8 on {arch} from {needed}; this torch is built "
+                f"with HIP {hip_version}")
+    if arch in ("gfx940", "gfx941"):  # FP8 MFMAs, but not in torch's list
+        return (f"torch's _scaled_mm refuses FP8 on {arch} (pre-production MI300; it allows "
+                "gfx942, gfx950, gfx1200/gfx1201)")
+    if arch not in FP8_MIN_ROCM:
+        return (f"{arch} has no FP8 matrix cores that torch uses (gfx94x, gfx950, "
+                "gfx1200/gfx1201 do)")
     return None
 
 
@@ -122,6 +167,21 @@ class PrecisionPolicy:
     tf32: bool  # torch allows TF32 matmuls here (natively or emulated, see tf32_emulated)
     mx_formats: tuple[str, ...]
     tf32_emulated: bool = False  # hipBLASLt runs TF32 as bf16 MFMAs: no XF32 instructions
+    hip_version: str | None = None  # the torch.version.hip the FP8 and MX gates were read for
+
+    @property
+    def fp8_refusal(self) -> str | None:
+        """Why there is no FP8 here (None: there is)."""
+        return None if self.fp8 else fp8_refusal(self.architecture, self.hip_version)
+
+    @property
+    def withheld(self) -> list[str]:
+        """What torch allows on this architecture only with a newer ROCm than this torch's,
+        for notes ("MX formats on gfx950 need ROCm 7.0; this torch is built with HIP 6.4")."""
+        return [f"{what} on {self.architecture} need{s} {needed}; this torch is built with "
+                f"HIP {self.hip_version}" for what, s, gate in (
+                    ("FP8", "s", FP8_MIN_ROCM), ("MX formats", "", MX_MIN_ROCM))
+                if (needed := rocm_needed(gate, self.architecture, self.hip_version))]
 
     @property
     def tf32_description(self) -> str:
@@ -157,7 +217,10 @@ class PrecisionPolicy:
         return "float16" if self.fp16 else None
 
 
-def precision_policy(arch: str) -> PrecisionPolicy:
+def precision_policy(arch: str, hip_version: str | None = None) -> PrecisionPolicy:
+    """The policy of `arch` with a torch built for `hip_version` (torch.version.hip): FP8 and
+    MX formats only where torch's gates allow them for that ROCm. None: the architecture
+    alone decides, as with a ROCm new enough for every gate."""
     family = family_of(arch)
     known = family is not AMDFamily.UNKNOWN
     return PrecisionPolicy(
@@ -165,8 +228,10 @@ def precision_policy(arch: str) -> PrecisionPolicy:
         family=family,
         fp16=known,
         bf16=family in _BF16,
-        fp8=fp8_dtypes(arch),
+        fp8=fp8_dtypes(arch, hip_version),
         tf32=arch in _TF32_NATIVE + _TF32_EMULATED,
-        mx_formats=("mxfp8", "mxfp4") if arch == "gfx950" else (),  # common_cuda.py
+        mx_formats=_MX_FORMATS if arch in MX_MIN_ROCM and not rocm_needed(
+            MX_MIN_ROCM, arch, hip_version) else (),
         tf32_emulated=arch in _TF32_EMULATED,
+        hip_version=hip_version,
     )

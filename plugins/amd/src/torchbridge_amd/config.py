@@ -21,8 +21,10 @@ class AMDConfig(ConfigModel):
         f"({', '.join(ARCHITECTURES)}) only fills in for a GPU this plugin's table does not "
         "know")
     fp8_enabled: bool | Literal["auto"] = Field(
-        default="auto", description="FP8 linears at O3; auto: on gfx94x (fnuz), gfx950 and "
-        "gfx12 (OCP). True elsewhere is an error in strict mode, a skipped pass otherwise")
+        default="auto", description="FP8 linears at O3; auto: where torch's _scaled_mm "
+        "allows FP8 with this torch's ROCm: gfx942 (fnuz), gfx1200/1201 from ROCm 6.3 and "
+        "gfx950 from ROCm 6.5 (OCP). True elsewhere is an error in strict mode, a skipped "
+        "pass otherwise")
     preferred_blas: Literal["auto", "hipblaslt", "hipblas", "ck"] = Field(
         default="auto", description="torch.backends.cuda.preferred_blas_library at O1; auto: "
         "hipBLASLt where torch supports it on the architecture")

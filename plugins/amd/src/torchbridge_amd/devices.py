@@ -23,18 +23,20 @@ logger = logging.getLogger(__name__)
 _GB = 1024**3
 
 
-def configured_policy(detected: str, configured: str | None) -> tuple[PrecisionPolicy, str | None]:
-    """The policy for a GPU whose table architecture is `detected`; a configured
-    architecture (hardware.amd.architecture) fills in only when the table does not know it.
-    Returns the policy and a note when the setting was used or ignored."""
+def configured_policy(detected: str, configured: str | None, hip_version: str | None = None
+                      ) -> tuple[PrecisionPolicy, str | None]:
+    """The policy for a GPU whose table architecture is `detected`, with a torch built for
+    `hip_version`; a configured architecture (hardware.amd.architecture) fills in only when
+    the table does not know it. Returns the policy and a note when the setting was used or
+    ignored."""
     if configured in (None, "auto", detected):
-        return precision_policy(detected), None
+        return precision_policy(detected, hip_version), None
     if family_of(detected) is AMDFamily.UNKNOWN:
-        return precision_policy(configured), (f"{detected} is not in this plugin's table; "
-                                              f"treated as {configured} "
-                                              "(hardware.amd.architecture)")
-    return precision_policy(detected), (f"hardware.amd.architecture={configured} ignored: "
-                                        f"the GPU is {detected}")
+        return precision_policy(configured, hip_version), (
+            f"{detected} is not in this plugin's table; treated as {configured} "
+            "(hardware.amd.architecture)")
+    return precision_policy(detected, hip_version), (
+        f"hardware.amd.architecture={configured} ignored: the GPU is {detected}")
 
 
 def preflight_for(index: int, props: probe.ROCmProperties | None = None) -> Preflight:
@@ -58,10 +60,10 @@ def describe_device(index: int, backend_name: str = "rocm", section: Any = None)
                        "dtype is assumed (set hardware.amd.architecture if you know it)",
                        props.name, detected)
     configured = getattr(section, "architecture", None)
-    policy, arch_note = configured_policy(detected, configured)
+    policy, arch_note = configured_policy(detected, configured, probe.hip_version())
     check = preflight_for(index, props)
     free, _ = probe.mem_get_info(index)
-    notes = [n for n in (arch_note, *check.warnings) if n]
+    notes = [n for n in (arch_note, *policy.withheld, *check.warnings) if n]
     return DeviceInfo(
         name=props.name,
         backend=backend_name,

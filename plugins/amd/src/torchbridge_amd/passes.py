@@ -8,7 +8,8 @@ which generates Triton code for ROCm as for CUDA).
 | tf32 | O2 | torch reports TF32 on the arch (gfx94x, gfx95x) and hardware.amd.allow_tf32 |
 | rocm_flash_attention | O2 | hardware.amd.flash_attention_library is aotriton or ck, and the arch |
 |  |  | has it |
-| fp8_linear | O3 | inference, an FP8 arch (gfx94x fnuz; gfx950, gfx12 OCP), fp8_enabled |
+| fp8_linear | O3 | inference, an FP8 arch for this torch's ROCm (gfx942 fnuz; gfx950, gfx12 |
+|  |  | OCP: architecture.FP8_MIN_ROCM), fp8_enabled |
 
 Architecture lists, from torch's sources (ROCm >= 6.5 assumed; older ROCm has fewer):
 hipBLASLt: aten/src/ATen/Context.cpp (`blasPreferredBackend`: outside this list torch warns
@@ -33,6 +34,7 @@ from torchbridge.optimize.settings import (
     environment_setting,
 )
 
+from torchbridge_amd import probe
 from torchbridge_amd.architecture import AMDFamily, PrecisionPolicy, family_of, precision_policy
 from torchbridge_amd.errors import FP8CompilationError, InvalidArchitectureError
 
@@ -66,7 +68,8 @@ def effective_architecture(ctx: PassContext) -> str:
 
 
 def _policy(ctx: PassContext) -> PrecisionPolicy:
-    return precision_policy(effective_architecture(ctx))
+    # torch's FP8 gate depends on the ROCm torch was built with as well as the architecture.
+    return precision_policy(effective_architecture(ctx), probe.hip_version())
 
 
 def _refuse(ctx: PassContext, field: str, value: Any, why: str) -> str:
@@ -207,10 +210,9 @@ def fp8_skip_reason(policy: PrecisionPolicy, setting: bool | str, ctx: PassConte
                     ) -> str | None:
     if setting is False:
         return "config hardware.amd.fp8_enabled is off"
-    if policy.fp8:
+    why = policy.fp8_refusal
+    if why is None:
         return None
-    why = (f"{policy.architecture} has no FP8 matrix cores that torch uses (gfx94x, gfx950, "
-           "gfx1200/gfx1201 do)")
     if setting is True:
         return _refuse(ctx, "fp8_enabled", True, why)
     return why

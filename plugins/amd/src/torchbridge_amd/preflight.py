@@ -55,9 +55,34 @@ def hsa_override_value(arch: str) -> str:
     return f"{int(digits[:-2])}.{int(digits[-2], 16)}.{int(digits[-1], 16)}"
 
 
-def build_covers(arch: str, build_archs: tuple[str, ...]) -> bool:
-    names = {arch_name(a) for a in build_archs}
-    return arch in names or any(arch in GENERIC_TARGETS.get(n, ()) for n in names)
+# The target features that decide whether a code object loads (LLVM AMDGPUUsage, "Target
+# Features"): one built with a setting ("gfx942:xnack-") loads only on a GPU running with
+# that setting (XNACK follows HSA_XNACK per process; SRAMECC is the GPU's ECC mode), one
+# built without it ("any": official wheels' "gfx942") on either.
+LOAD_FEATURES = ("sramecc", "xnack")
+
+
+def target_features(target: str) -> dict[str, str]:
+    """"gfx942:sramecc+:xnack-" -> {"sramecc": "+", "xnack": "-"}: the settings stated."""
+    stated = (part.strip() for part in target.split(":")[1:])
+    return {p[:-1]: p[-1] for p in stated if p[:-1] in LOAD_FEATURES and p[-1:] in ("+", "-")}
+
+
+def _for_arch(arch: str, entry: str) -> bool:
+    name = arch_name(entry)
+    return name == arch or arch in GENERIC_TARGETS.get(name, ())
+
+
+def _loads(entry: str, device: dict[str, str]) -> bool:
+    # A setting the device does not state is not held against the entry.
+    return all(device.get(f, v) == v for f, v in target_features(entry).items())
+
+
+def build_covers(gcn_arch_name: str, build_archs: tuple[str, ...]) -> bool:
+    """Whether a build entry for the GPU's architecture (or a generic target covering it)
+    loads with the GPU's xnack and sramecc settings; a bare name is the architecture."""
+    arch, device = arch_name(gcn_arch_name), target_features(gcn_arch_name)
+    return any(_for_arch(arch, e) and _loads(e, device) for e in build_archs)
 
 
 def _switch_on(env: Mapping[str, str]) -> bool:
@@ -84,12 +109,32 @@ class Preflight:
                 "warnings": list(self.warnings)}
 
 
-def _kernel_check(device: str, arch: str, build_archs: tuple[str, ...], hip: str | None
-                  ) -> tuple[bool | None, str | None, str | None]:
+def _feature_message(device: str, gcn_arch_name: str, arch: str, entries: list[str],
+                     hip: str | None) -> str:
+    """The warning for a build whose code for `arch` is all for other xnack/sramecc settings."""
+    stated = target_features(gcn_arch_name)
+    differ = sorted({f for e in entries for f, v in target_features(e).items()
+                     if stated.get(f, v) != v})
+    fix = f"install a torch build for {arch} with no {'/'.join(differ)} setting (official " \
+          "wheels state none)"
+    if "xnack" in differ:  # XNACK is a per-process switch; SRAMECC is not
+        fix = f"start Python with HSA_XNACK={0 if stated['xnack'] == '+' else 1}, or {fix}"
+    return (f"{device} is {gcn_arch_name}, and this torch build (HIP {hip or '?'}) has {arch} "
+            f"code only for {', '.join(entries)}, which does not load with this GPU's "
+            f"{'/'.join(differ)} setting: every kernel will fail with 'HIP error: invalid "
+            f"device function'. To run, {fix}")
+
+
+def _kernel_check(device: str, gcn_arch_name: str, build_archs: tuple[str, ...],
+                  hip: str | None) -> tuple[bool | None, str | None, str | None]:
     if not build_archs:
         return None, None, None
-    if build_covers(arch, build_archs):
+    if build_covers(gcn_arch_name, build_archs):
         return True, None, None
+    arch = arch_name(gcn_arch_name)
+    same_arch = [e for e in build_archs if _for_arch(arch, e)]
+    if same_arch:  # built for it, but only for other target-feature settings
+        return False, None, _feature_message(device, gcn_arch_name, arch, same_arch, hip)
     built = ", ".join(build_archs)
     message = (f"{device} is {arch}, and this torch build (HIP {hip or '?'}) has GPU code only "
                f"for {built}: every kernel will fail with 'HIP error: invalid device "
@@ -130,7 +175,8 @@ def run_preflight(device: str, gcn_arch_name: str, build_archs: tuple[str, ...],
                   hip_version: str | None, flash_built: bool, env: Mapping[str, str]
                   ) -> Preflight:
     arch = arch_name(gcn_arch_name)
-    kernels, override, kernel_warning = _kernel_check(device, arch, build_archs, hip_version)
+    kernels, override, kernel_warning = _kernel_check(device, gcn_arch_name, build_archs,
+                                                      hip_version)
     flash, flash_warning = _flash_check(device, arch, flash_built, env)
     warnings = [w for w in (kernel_warning, flash_warning) if w]
     return Preflight(arch, tuple(build_archs), kernels, override, flash, warnings)

@@ -392,3 +392,27 @@ def test_passes_of_equal_order_on_one_setting_are_told_apart_by_when_they_ran(
     assert (change.before, change.after, change.pass_name) == ("default", "b", "b")
     result.restore_process_settings()
     assert knobs.values["speed"] == "default"
+
+
+def test_the_real_timers_hold_the_output_until_the_device_has_run_it() -> None:
+    # On a lazy device (XLA) synchronize() runs the graphs of the tensors still alive: a
+    # timer that dropped the output before syncing timed the trace only (0.08 ms against
+    # 248 ms), and the race undid compile and autocast on those figures.
+    import weakref
+
+    from torchbridge.optimize.measure import median_latency, wall_timer
+
+    alive_at_sync: list[bool] = []
+    outputs: list[weakref.ref[torch.Tensor]] = []
+
+    def fn() -> torch.Tensor:
+        out = torch.ones(4)
+        outputs.append(weakref.ref(out))
+        return out
+
+    def synchronize() -> None:
+        alive_at_sync.append(outputs[-1]() is not None)
+
+    wall_timer(synchronize)("prepared", fn)
+    median_latency(fn, synchronize, warmup=2, repeats=3)
+    assert alive_at_sync and all(alive_at_sync)

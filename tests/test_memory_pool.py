@@ -42,6 +42,65 @@ def test_a_view_is_refused_and_never_keeps_its_base_alive(manager: MemoryManager
     assert manager.pool_stats()["default"]["bytes"] == big.untyped_storage().nbytes()
 
 
+class _RuntimeOwned(torch.Tensor):
+    """A tensor as an XLA tensor looks to the pool: its storage has no address here."""
+
+    def untyped_storage(self) -> torch.UntypedStorage:  # type: ignore[override]
+        storage = super().untyped_storage()
+
+        class _Invalid:
+            def data_ptr(self) -> int:
+                raise RuntimeError("Attempted to access the data pointer on an invalid "
+                                   "python storage.")
+
+            def nbytes(self) -> int:
+                return storage.nbytes()
+
+        return _Invalid()  # type: ignore[return-value]
+
+
+def _runtime_owned(*shape: int) -> torch.Tensor:
+    return torch.Tensor._make_subclass(_RuntimeOwned, torch.empty(shape))
+
+
+def test_a_tensor_whose_runtime_owns_its_buffer_is_refused_not_a_crash(
+        manager: MemoryManager) -> None:
+    # return_to_pool of an XLA tensor raised "Attempted to access the data pointer on an
+    # invalid python storage".
+    assert manager.return_to_pool(_runtime_owned(64)) is False
+    assert manager.pool_stats()["default"]["refused"] == 1
+
+
+def test_on_a_lazy_device_running_out_of_memory_is_an_out_of_memory_error(
+        manager: MemoryManager, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On XLA torch.empty only records the tensor: 4 TiB "allocated" without an error, and
+    # the first sync anywhere later raised the runtime's error. The allocation now runs
+    # it, and XLA's wording is an OutOfMemoryError after one retry.
+    import torchbridge.memory as core_memory
+
+    events: list[str] = []
+    backend = manager.backend
+    monkeypatch.setattr(core_memory, "_allocate", lambda shape, dtype, device:
+                        events.append("allocate") or _runtime_owned(*shape))
+    monkeypatch.setattr(backend, "empty_cache", lambda: events.append("empty_cache"))
+
+    def sync(index: int | None = None) -> None:
+        events.append("sync")
+        raise torchbridge.DeviceError("no plugin answered torchbridge_synchronize: "
+                                      "RESOURCE_EXHAUSTED: Out of memory allocating 4096 bytes")
+
+    monkeypatch.setattr(backend, "synchronize", sync)
+    with pytest.raises(torchbridge.OutOfMemoryError, match="failed again after emptying"):
+        manager.allocate_with_oom_protection((1024,), torch.float32)
+    assert events == ["allocate", "sync", "empty_cache", "allocate", "sync"]
+    # Any other failure of the sync is not taken for running out of memory.
+    monkeypatch.setattr(backend, "synchronize", lambda index=None: (_ for _ in ()).throw(
+        torchbridge.DeviceError("the runtime is gone")))
+    with pytest.raises(torchbridge.DeviceError, match="the runtime is gone") as raised:
+        manager.allocate_with_oom_protection((1024,), torch.float32)
+    assert not isinstance(raised.value, torch.OutOfMemoryError)
+
+
 def test_byte_bounds_hold_on_storage_bytes() -> None:
     backend = torchbridge.get_backend("cpu")
     manager = MemoryManager(backend, pool_max_bytes=4096)

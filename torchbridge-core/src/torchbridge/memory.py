@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchbridge.devices import device_module
-from torchbridge.errors import ConfigurationError, OutOfMemoryError
+from torchbridge.errors import ConfigurationError, DeviceError, OutOfMemoryError
 from torchbridge.types import MIB, MemoryStats
 
 if TYPE_CHECKING:
@@ -73,6 +73,30 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) 
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def _addressable(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's storage has an address in this process. An XLA tensor's has
+    none ("Attempted to access the data pointer on an invalid python storage"): it is a
+    handle on a buffer the runtime owns, allocated when its graph runs."""
+    try:
+        tensor.untyped_storage().data_ptr()
+    except RuntimeError:
+        return False
+    return True
+
+
+# How runtimes word running out of device memory where they raise no torch.OutOfMemoryError:
+# XLA's "RESOURCE_EXHAUSTED: Out of memory allocating 4398046511104 bytes", surfacing at the
+# sync that runs the graph (as the DeviceError of the synchronize hook).
+_OUT_OF_MEMORY_WORDS = ("out of memory", "resource_exhausted")
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, (RuntimeError, DeviceError)) and \
+        any(word in str(exc).lower() for word in _OUT_OF_MEMORY_WORDS)
+
+
 def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return math.prod(shape) * dtype.itemsize
 
@@ -102,6 +126,10 @@ def _refusal(tensor: torch.Tensor) -> str | None:
     """Why `tensor` cannot be pooled: the pool hands out whole buffers of a shape, so a
     tensor must be its storage, all of it. A one-element view of a 200 MiB tensor would
     keep the 200 MiB alive while counting 4 bytes."""
+    if not _addressable(tensor):
+        # Nothing to keep or hand out again: the runtime owns the buffer.
+        return f"its storage has no address this process can reuse ({tensor.device.type} " \
+               "tensors are buffers its runtime owns)"
     storage = _storage_bytes(tensor)
     if storage == 0:
         return "it holds no memory"
@@ -201,16 +229,29 @@ class MemoryManager:
         margin = self._margin(safety_margin)
         self.check_allocation(nbytes, margin)
         try:
-            return _allocate(dims, dtype, self.device)
-        except torch.OutOfMemoryError:
+            return self._allocated(dims, dtype)
+        except (RuntimeError, DeviceError) as exc:
+            if not _out_of_memory(exc):
+                raise
             logger.info("allocation of %s on %s failed; emptying the cache and retrying "
                         "once", mib(nbytes), self.device)
         self.backend.empty_cache()
         try:
-            return _allocate(dims, dtype, self.device)
-        except torch.OutOfMemoryError as exc:
+            return self._allocated(dims, dtype)
+        except (RuntimeError, DeviceError) as exc:
+            if not _out_of_memory(exc):
+                raise
             raise self._oom(nbytes, margin, "the allocator failed again after emptying "
                                             "the cache") from exc
+
+    def _allocated(self, dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A new tensor whose memory the device has given: on a lazy device (XLA) torch.empty
+        only records it, and running out of memory would surface at some later sync, far
+        from here (4 TiB "allocated" without an error); the sync runs it now."""
+        tensor = _allocate(dims, dtype, self.device)
+        if not _addressable(tensor):
+            self.backend.synchronize()
+        return tensor
 
     # -- pool -----------------------------------------------------------------------------
     def allocate_tensor(self, shape: Sequence[int] | torch.Size | int,
@@ -234,14 +275,15 @@ class MemoryManager:
 
     def return_to_pool(self, tensor: torch.Tensor, pool_id: str = "default") -> bool:
         """Keep `tensor` for reuse. False when it was not kept: the pool is full (dropped),
-        or it is a view, empty, or its buffer is already in a pool (refused)."""
+        or it is a view, empty, a buffer its runtime owns (XLA), or already in a pool
+        (refused)."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"return_to_pool takes a tensor, got {type(tensor).__name__}")
         if tensor.device != self.device:
             raise ValueError(f"tensor is on {tensor.device}; this pool holds {self.device}")
         refusal = _refusal(tensor)
-        nbytes = _storage_bytes(tensor)
-        address = tensor.untyped_storage().data_ptr()
+        nbytes = 0 if refusal else _storage_bytes(tensor)
+        address = None if refusal else tensor.untyped_storage().data_ptr()
         with self._lock:
             stats = self._stats.setdefault(pool_id, PoolStats())
             if refusal is None and address in self._pooled:
@@ -264,6 +306,7 @@ class MemoryManager:
             # A pooled buffer handed out again must not carry autograd history.
             kept = tensor.detach() if tensor.requires_grad else tensor
             self._pools.setdefault(pool_id, {}).setdefault(key, []).append(kept)
+            assert address is not None  # refused above otherwise
             self._pooled[address] = pool_id
             stats.tensors += 1
             stats.bytes += nbytes

@@ -170,3 +170,24 @@ def test_many_threads_keep_the_pool_consistent_and_never_share_a_buffer(
     assert stats["hits"] + stats["misses"] == 8 * 6 * 800
     addresses = [t.data_ptr() for mine in held for t in mine] + [t.data_ptr() for t in pooled]
     assert len(addresses) == len(set(addresses))
+
+
+def test_an_unenforced_memory_fraction_says_whether_anything_keeps_within_it(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # The warning said allocate_with_oom_protection keeps within the fraction, also where
+    # the backend reports no total memory (XLA on CPU) and it cannot.
+    import dataclasses
+
+    from torchbridge.memory import apply_memory_fraction
+
+    config = torchbridge.TorchBridgeConfig.load(memory={"max_memory_fraction": 0.5})
+    backend = torchbridge.get_backend("cpu", config)
+    with caplog.at_level("WARNING", logger="torchbridge.memory"):
+        assert apply_memory_fraction(backend) is None
+    assert "only allocate_with_oom_protection keeps within it" in caplog.text
+    caplog.clear()
+    stats = dataclasses.replace(backend.get_memory_stats(), total_bytes=None)
+    monkeypatch.setattr(backend, "get_memory_stats", lambda index=None: stats)
+    with caplog.at_level("WARNING", logger="torchbridge.memory"):
+        apply_memory_fraction(backend)
+    assert "nothing keeps within it: the backend reports no total memory" in caplog.text

@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchbridge.devices import device_module
-from torchbridge.errors import ConfigurationError, DeviceError, OutOfMemoryError
+from torchbridge.errors import (
+    ConfigurationError,
+    DeviceError,
+    OutOfMemoryError,
+    TorchBridgeError,
+)
 from torchbridge.types import MIB, MemoryStats
 
 if TYPE_CHECKING:
@@ -50,8 +55,16 @@ def apply_memory_fraction(backend: Backend) -> float | None:
     module = device_module(backend.device)
     setter = getattr(module, "set_per_process_memory_fraction", None)
     if setter is None:
-        logger.warning("max_memory_fraction=%s is not enforced by the %s runtime; only "
-                       "allocate_with_oom_protection keeps within it", fraction, backend.name)
+        # allocate_with_oom_protection plans within the fraction only where the backend
+        # reports total memory (XLA on CPU reports none).
+        try:
+            total = backend.get_memory_stats().total_bytes
+        except TorchBridgeError:
+            total = None
+        keeps = "only allocate_with_oom_protection keeps within it" if total is not None \
+            else "nothing keeps within it: the backend reports no total memory"
+        logger.warning("max_memory_fraction=%s is not enforced by the %s runtime; %s",
+                       fraction, backend.name, keeps)
         return None
     for device in backend.devices:
         setter(fraction, device)

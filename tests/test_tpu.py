@@ -4,6 +4,9 @@ dtypes, detection outcomes at the probe seam. The real runtime is exercised in t
 
 from __future__ import annotations
 
+import sys
+import types
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,11 +15,12 @@ from torchbridge_tpu import probe
 from torchbridge_tpu.xla import tpu_version
 
 GiB = 1024**3
-# One device per TPU generation as the XLA runtime describes it: the "device_kind" device
-# attribute (the PJRT kinds JAX maps in jax/_src/pallas/mosaic/tpu_info.py) and the HBM one
-# runtime device holds (Cloud TPU system-architecture pages; per TensorCore where a chip shows
-# as two devices). Written by hand from these public specifications, not captured from a real
-# device. (device kind, HBM GiB per device, expected version, expected dtypes)
+# One device per TPU generation as the XLA runtime describes it: its PJRT device kind, which
+# torch_xla returns from xm.xla_device_kind() (the kinds JAX maps in
+# jax/_src/pallas/mosaic/tpu_info.py), and the HBM one runtime device holds (Cloud TPU
+# system-architecture pages; per TensorCore where a chip shows as two devices). Written by
+# hand from these public specifications, not captured from a real device. (device kind, HBM
+# GiB per device, expected version, expected dtypes)
 BF16 = ["float32", "bfloat16"]
 RECORDED = {
     "v2-8": ("TPU v2", 8, "v2", BF16),
@@ -33,25 +37,67 @@ def tpu_status() -> torchbridge.BackendStatus:
     return {s.name: s for s in torchbridge.list_backends(rescan=True)}["tpu"]
 
 
+def tpu_attributes(count: int) -> list[dict[str, Any]]:
+    """xr.global_runtime_device_attributes() of `count` TPU chips, as torch_xla's SPMD guide
+    prints them for a v4-8: no device kind among them."""
+    return [{"core_on_chip": 0, "num_cores": 1, "coords": [i % 2, i // 2, 0],
+             "name": f"TPU:{i}"} for i in range(count)]
+
+
 class FakeTPU:
-    """The probe seam answering like a host of `count` devices of one recorded generation
-    (XlaRuntime("TPU", ...)), `world_size` processes, with memory figures."""
+    """The probe seam answering like `hosts` hosts of `count` devices of one recorded
+    generation (XlaRuntime("TPU", ...)), torch_xla's `world_size`, with memory figures. The
+    kind comes apart from the attributes, as torch_xla reports it."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, tpu: str, count: int = 4,
                  world_size: int = 1, kind: str | None = None,
-                 attributes: list[dict[str, Any]] | None = None) -> None:
+                 attributes: list[dict[str, Any]] | None = None, hosts: int = 1) -> None:
         recorded_kind, hbm_gib, _, _ = RECORDED[tpu]
         self.kind = kind or recorded_kind
-        self.attributes = attributes or [
-            {"device_kind": self.kind, "coords": [i % 2, i // 2, 0], "core_on_chip": 0}
-            for i in range(count)]
-        runtime = probe.XlaRuntime("TPU", count, world_size, self.attributes)
+        self.attributes = attributes or tpu_attributes(count)
+        runtime = probe.XlaRuntime("TPU", count, world_size, self.attributes, self.kind, hosts)
         monkeypatch.setattr(probe, "probe", lambda: probe.XlaIndication(
             True, "TPU", "PJRT_DEVICE=TPU", True))
         monkeypatch.setattr(probe, "xla_runtime", lambda: runtime)
         monkeypatch.setattr(probe, "memory_info", lambda device: {
             "used": GiB, "limit": hbm_gib * GiB, "peak": 2 * GiB})
         torchbridge.list_backends(rescan=True)
+
+
+@pytest.fixture
+def fresh_runtime() -> Iterator[None]:
+    """probe.xla_runtime() asked anew: it caches the runtime's answers for the process."""
+    probe.xla_runtime.cache_clear()
+    yield
+    probe.xla_runtime.cache_clear()
+
+
+def record_torch_xla(monkeypatch: pytest.MonkeyPatch, *, hw: str, kind: str,
+                     attributes: list[dict[str, Any]], devices: int, world_size: int,
+                     processes: int, local_processes: int) -> None:
+    """torch_xla as probe.xla_runtime() reads it, answering what torch_xla 2.9's functions
+    return on one process of a TPU job (values written by hand): xm.xla_device_hw ("TPU"),
+    xm.xla_device_kind (the PJRT kind: "TPU v5 lite"), xr.global_runtime_device_attributes
+    (every device's PJRT attributes, without the kind), xr.world_size (under xmp.spawn, the
+    global device count), xr.process_count (processes of the job) and
+    xr.local_process_count (processes on this host)."""
+    xla, core = types.ModuleType("torch_xla"), types.ModuleType("torch_xla.core")
+    xm, xr = types.ModuleType("torch_xla.core.xla_model"), types.ModuleType("torch_xla.runtime")
+    xla.device = lambda: "xla:0"  # type: ignore[attr-defined]
+    xm.xla_device_hw = lambda device: hw  # type: ignore[attr-defined]
+    xm.xla_device_kind = lambda device=None: kind  # type: ignore[attr-defined]
+    xr.global_runtime_device_attributes = lambda: attributes  # type: ignore[attr-defined]
+    xr.addressable_runtime_device_count = lambda: devices  # type: ignore[attr-defined]
+    xr.world_size = lambda: world_size  # type: ignore[attr-defined]
+    xr.process_count = lambda: processes  # type: ignore[attr-defined]
+    xr.local_process_count = lambda: local_processes  # type: ignore[attr-defined]
+    xla.core, core.xla_model, xla.runtime = core, xm, xr  # type: ignore[attr-defined]
+    for module in (xla, core, xm, xr):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(probe, "probe", lambda: probe.XlaIndication(True, "TPU",
+                                                                    "PJRT_DEVICE=TPU", True))
+    monkeypatch.setattr(probe, "memory_info", lambda device: {
+        "used": GiB, "limit": 16 * GiB, "peak": 2 * GiB})
 
 
 def describe(**tpu_config: Any) -> torchbridge.DeviceInfo:
@@ -92,6 +138,41 @@ def test_ironwood_tpu7x_is_recognised_with_fp8(monkeypatch: pytest.MonkeyPatch) 
     assert "int8" not in info.supported_dtypes
 
 
+def test_the_generation_comes_from_torch_xlas_device_kind_not_the_attributes(
+        monkeypatch: pytest.MonkeyPatch, fresh_runtime: None) -> None:
+    # A v5litepod-8 under xmp.spawn: a process per chip, each addressing one device, and
+    # the device attributes hold no kind (torch_xla's SPMD guide, a v4-8's).
+    record_torch_xla(monkeypatch, hw="TPU", kind="TPU v5 lite", attributes=tpu_attributes(8),
+                     devices=1, world_size=8, processes=8, local_processes=8)
+    info = describe()
+    assert (info.name, info.architecture, info.compute_capability) == \
+        ("TPU v5 lite", "v5e", "v5e")
+    assert info.supported_dtypes == [*BF16, "int8"]
+    assert info.extra["pjrt_device_kind"] == "TPU v5 lite"
+    # one host, however many processes and devices torch_xla's world size counts
+    assert (info.extra["topology"], info.extra["host_count"], info.extra["world_size"]) == \
+        ("single", 1, 8)
+
+
+def test_a_slice_over_hosts_is_a_pod_from_torch_xlas_process_counts(
+        monkeypatch: pytest.MonkeyPatch, fresh_runtime: None) -> None:
+    # A v5p-32 run as SPMD: one process per host, four hosts of four chips.
+    record_torch_xla(monkeypatch, hw="TPU", kind="TPU v5", attributes=tpu_attributes(16),
+                     devices=4, world_size=1, processes=4, local_processes=1)
+    info = describe(topology="pod")
+    assert info.extra["topology"] == "pod" and info.notes is None
+    assert info.extra["host_count"] == 4 and info.architecture == "v5p"
+
+
+def test_a_device_kind_among_the_attributes_is_still_read(
+        monkeypatch: pytest.MonkeyPatch, fresh_runtime: None) -> None:
+    # A runtime whose attributes do carry the kind: that is the device's own answer.
+    attributes = [{**a, "device_kind": "TPU v4"} for a in tpu_attributes(4)]
+    record_torch_xla(monkeypatch, hw="TPU", kind="TPU v4", attributes=attributes, devices=4,
+                     world_size=1, processes=1, local_processes=1)
+    assert describe().architecture == "v4"
+
+
 def test_configured_version_fills_in_only_for_an_unknown_tpu(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     FakeTPU(monkeypatch, "tpu7x-8", kind="TPU v9")  # a kind no table knows
@@ -116,7 +197,7 @@ def test_configured_version_on_xla_cpu_is_noted_not_applied(
     monkeypatch.setattr(probe, "probe", lambda: probe.XlaIndication(True, "CPU",
                                                                     "PJRT_DEVICE=CPU", True))
     monkeypatch.setattr(probe, "xla_runtime", lambda: probe.XlaRuntime(
-        "CPU", 1, 1, [{"device_kind": "cpu"}]))
+        "CPU", 1, 1, [{"name": "CPU:0"}], "cpu"))  # what XLA:CPU reports
     monkeypatch.setattr(probe, "memory_info", lambda device: None)
     torchbridge.list_backends(rescan=True)
     info = describe(version="v5p")
@@ -130,18 +211,23 @@ def test_topology_is_reported_and_checked_against_the_runtime(
     FakeTPU(monkeypatch, "v5p-8", world_size=1)
     info = describe(topology="pod")
     assert info.extra["topology"] == "single"
-    assert info.notes == ("hardware.tpu.topology=pod, but the runtime reports single (world "
-                          "size 1, 4 addressable device(s)); using what the runtime reports")
+    assert info.notes == ("hardware.tpu.topology=pod, but the runtime reports single (1 "
+                          "host(s), world size 1, 4 addressable device(s)); using what the "
+                          "runtime reports")
     assert describe(topology="single").notes is None
     assert describe().extra["topology"] == "single"  # auto: no expectation, no note
 
-    FakeTPU(monkeypatch, "v5p-8", world_size=4)  # one slice over four hosts
-    assert describe(topology="pod").notes is None
-    assert describe().extra["topology"] == "pod"
+    # xmp.spawn on one host: a process per chip, and torch_xla's world size counts devices
+    FakeTPU(monkeypatch, "v5p-8", count=1, world_size=4, hosts=1)
+    assert describe().extra["topology"] == "single"
+    assert describe(topology="single").notes is None
 
-    two_slices = [{"device_kind": "TPU v4", "slice_index": i // 2, "core_on_chip": 0}
-                  for i in range(4)]  # Multislice: torch_xla's "slice_index" attribute
-    FakeTPU(monkeypatch, "v4-8", world_size=2, attributes=two_slices)
+    FakeTPU(monkeypatch, "v5p-8", world_size=1, hosts=4)  # one slice over four hosts
+    assert describe(topology="pod").notes is None
+    assert describe().extra["topology"] == "pod" and describe().extra["host_count"] == 4
+
+    two_slices = [{**a, "slice_index": i // 2} for i, a in enumerate(tpu_attributes(4))]
+    FakeTPU(monkeypatch, "v4-8", world_size=2, attributes=two_slices, hosts=2)  # Multislice
     assert describe(topology="superpod").extra["topology"] == "superpod"
     assert "reports superpod" in (describe(topology="pod").notes or "")
 

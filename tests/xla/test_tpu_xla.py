@@ -65,6 +65,95 @@ def test_device_info_and_memory_say_what_xla_on_cpu_is(tpu: torchbridge.Backend)
     assert tpu.distributed_backend == "xla"
 
 
+def test_the_device_kind_is_read_from_torch_xlas_api(monkeypatch: pytest.MonkeyPatch
+                                                     ) -> None:
+    """The PJRT device attributes hold no kind (on XLA:CPU only the device's name);
+    xm.xla_device_kind() is where torch_xla reports it, and what names a TPU's generation."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+    from torchbridge_tpu import probe
+
+    assert not any("device_kind" in a for a in xr.global_runtime_device_attributes())
+    # The real runtime, its kind answered as a v5e's: the generation follows the kind.
+    with monkeypatch.context() as patched:
+        patched.setattr(xm, "xla_device_hw", lambda device: "TPU")
+        patched.setattr(xm, "xla_device_kind", lambda device=None: "TPU v5 lite")
+        probe.xla_runtime.cache_clear()
+        try:
+            torchbridge.list_backends(rescan=True)
+            info = torchbridge.get_backend("tpu").get_device_info()
+            assert (info.name, info.architecture) == ("TPU v5 lite", "v5e")
+            assert "int8" in info.supported_dtypes
+        finally:
+            probe.xla_runtime.cache_clear()
+    torchbridge.list_backends(rescan=True)
+    assert probe.xla_runtime().pjrt_device_kind == xm.xla_device_kind() == "cpu"
+    assert torchbridge.get_backend("tpu").get_device_info().extra["pjrt_device_kind"] == "cpu"
+
+
+def test_one_host_under_xmp_spawn_is_single_not_pod(tmp_path: Path) -> None:
+    """torch_xla's multiprocessing on one machine: xr.world_size() counts the devices (2
+    here), the host is still one."""
+    code = """if True:
+        import sys
+        import torch_xla.distributed.xla_multiprocessing as xmp
+
+        def run(index):
+            import torch_xla.runtime as xr
+            import torchbridge
+            info = torchbridge.get_backend("tpu").get_device_info()
+            # one write per line: on XLA:CPU the workers are threads of one process
+            sys.stdout.write(f"{index} {xr.world_size()} {info.extra['topology']} "
+                             f"{info.extra.get('host_count')}\\n")
+
+        if __name__ == "__main__":
+            xmp.spawn(run, args=())
+    """
+    script = tmp_path / "spawned.py"  # xmp.spawn's workers import `run` from a file
+    script.write_text(code)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env={**os.environ, "CPU_NUM_DEVICES": "2"}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = sorted(line for line in out.stdout.splitlines() if line[:1].isdigit())
+    assert lines == ["0 2 single 1", "1 2 single 1"], out.stdout
+
+
+def test_graph_check_leaves_the_users_xla_counters_alone(tpu: torchbridge.Backend) -> None:
+    import torch_xla.debug.metrics as met
+
+    w = torch.randn(16, 16, device=tpu.device)
+    for n in (3, 5, 7):  # the user's own work: new shapes, each compiled
+        (torch.randn(n, 16, device=tpu.device) @ w).sum().item()
+    compiles = met.counter_value("UncachedCompile")
+    executions = met.metric_data("ExecuteTime")[0]
+    result = tpu.optimize(mlp().eval(), "O1", sample_input=torch.randn(4, 32))
+    assert "static graph" in " ".join(result.notes)  # judged on its own calls only
+    assert met.counter_value("UncachedCompile") >= compiles
+    assert met.metric_data("ExecuteTime")[0] >= executions
+
+
+def test_the_compile_note_says_new_shapes_compile_again(tpu: torchbridge.Backend) -> None:
+    import torch._dynamo
+    import torch_xla.debug.metrics as met
+
+    # config.patch, not monkeypatch: undoing monkeypatch's setattr on a torch config module
+    # deletes the setting
+    with torch._dynamo.config.patch(recompile_limit=2):
+        model = tpu.prepare_model(mlp().eval(), "O2", sample_input=torch.randn(4, 32))
+        report = torchbridge.optimization_result(model)
+        assert report is not None
+        note = next(n for n in report.notes if n.startswith("compile:"))
+        assert "each new input shape" in note and "recompile_limit (2)" in note
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        compiles = met.counter_value("UncachedCompile") or 0
+        with torch.no_grad():
+            for batch in (1, 2, 3, 5):  # new shapes; the sample's (4) compiled already
+                model(torch.randn(batch, 32).to(tpu.device)).cpu()
+    # each new shape compiled; torch.compile took only those up to its limit of 2 graphs
+    assert (met.counter_value("UncachedCompile") or 0) - compiles >= 4
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs <= 1
+
+
 def test_levels_report_the_xla_passes(tpu: torchbridge.Backend) -> None:
     x = torch.randn(4, 32)
     o1 = tpu.optimize(mlp().eval(), "O1", sample_input=x)

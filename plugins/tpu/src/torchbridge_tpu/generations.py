@@ -1,7 +1,8 @@
 """TPU generations: the version a device kind names, and what its matrix units compute.
 
 The runtime names a TPU by its PJRT device kind, the string JAX shows as
-`jax.Device.device_kind` and torch_xla as the "device_kind" device attribute. The kinds,
+`jax.Device.device_kind` and torch_xla returns from `xm.xla_device_kind(device)` (not among
+its device attributes, which hold coords, core_on_chip, num_cores, name). The kinds,
 as JAX maps them to chip versions (jax/_src/pallas/mosaic/tpu_info.py,
 `chip_version_from_device_kind`): "TPU v2", "TPU v3", "TPU v4", "TPU v4 lite", "TPU v5 lite"
 (v5e), "TPU v5" (v5p), "TPU v6 lite" (v6e, Trillium), "TPU7" and "TPU7x" (Ironwood).

@@ -38,12 +38,27 @@ def _graph_check_check(model: nn.Module, ctx: PassContext) -> str | None:
     return None if ctx.sample_input is not None else "needs sample_input to run the model"
 
 
+_COMPILES, _TRANSFERS = "UncachedCompile", "TransferFromDeviceTime"
+
+
+def _xla_counts(met: Any) -> dict[str, int]:
+    """torch_xla's counts so far of compiles, transfers from the device and each aten::
+    (host fallback) op. They are the process's, and the user's: the graph check reads them
+    before and after its second call instead of clearing them."""
+    counts = {name: met.counter_value(name) or 0 for name in met.counter_names()
+              if name.startswith("aten::")}
+    counts[_COMPILES] = met.counter_value(_COMPILES) or 0
+    transfers = met.metric_data(_TRANSFERS)  # (samples in all, accumulated, recent samples)
+    counts[_TRANSFERS] = transfers[0] if transfers else 0
+    return counts
+
+
 def _graph_check(model: nn.Module, ctx: PassContext) -> nn.Module:
-    """Run the model twice on the device and read torch_xla's counters. A second run that
-    compiles again means the graph changes from call to call (dynamic shapes, Python
-    values baked into the graph); aten:: counters are ops XLA cannot lower, run on the host;
-    transfers from the device inside forward are host round trips (.item(), printing,
-    data-dependent Python control flow). Each costs a TPU dearly."""
+    """Run the model twice on the device and read how torch_xla's counters grew over the
+    second run. A second run that compiles again means the graph changes from call to call
+    (dynamic shapes, Python values baked into the graph); aten:: counters are ops XLA cannot
+    lower, run on the host; transfers from the device inside forward are host round trips
+    (.item(), printing, data-dependent Python control flow). Each costs a TPU dearly."""
     import torch_xla
     import torch_xla.debug.metrics as met
 
@@ -51,13 +66,15 @@ def _graph_check(model: nn.Module, ctx: PassContext) -> nn.Module:
     with preserved_state(model):
         call(model)
         torch_xla.sync()
-        met.clear_all()
+        before = _xla_counts(met)
         call(model)
         torch_xla.sync()
-    compiles = met.counter_value("UncachedCompile") or 0
-    fallbacks = {name: met.counter_value(name) for name in met.counter_names()
-                 if name.startswith("aten::")}
-    transfers = met.metric_data("TransferFromDeviceTime")
+        after = _xla_counts(met)
+    grown = {name: count - before.get(name, 0) for name, count in after.items()
+             if count > before.get(name, 0)}
+    compiles = grown.pop(_COMPILES, 0)
+    transfers = grown.pop(_TRANSFERS, 0)
+    fallbacks = grown  # the aten:: counters
     warnings = []
     if compiles:
         warnings.append(f"the second call compiled {compiles} new graph(s): shapes or Python "
@@ -65,8 +82,8 @@ def _graph_check(model: nn.Module, ctx: PassContext) -> nn.Module:
     if fallbacks:
         ops = ", ".join(f"{name} x{count}" for name, count in sorted(fallbacks.items()))
         warnings.append(f"ops run on the host because XLA cannot lower them: {ops}")
-    if transfers and transfers[0]:
-        warnings.append(f"{transfers[0]} transfer(s) from the device inside forward (.item(), "
+    if transfers:
+        warnings.append(f"{transfers} transfer(s) from the device inside forward (.item(), "
                         "printing or data-dependent control flow force a host round trip)")
     ctx.state["xla_graph_warnings"] = warnings
     if warnings:
@@ -134,7 +151,14 @@ def _compile(model: nn.Module, ctx: PassContext) -> nn.Module:
 
     compiled_forward(model, lambda fn: torch.compile(fn, backend="openxla"),
                      options={"backend": "openxla"})
-    ctx.notes.append("compile: torch.compile(backend='openxla'); the first call compiles")
+    # XLA compiles static shapes only: each new input shape is a new graph, and dynamo
+    # gives up on a forward at its recompile limit, saying so once in its log only.
+    limit = torch._dynamo.config.recompile_limit
+    ctx.notes.append("compile: torch.compile(backend='openxla'); the first call compiles, "
+                     "and so does the first call with each new input shape; once "
+                     f"torch._dynamo.config.recompile_limit ({limit}) shapes have compiled, "
+                     "new ones run without torch.compile: keep input shapes static (pad "
+                     "batches)")
     return model
 
 

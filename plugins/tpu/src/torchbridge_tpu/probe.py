@@ -48,8 +48,10 @@ class XlaRuntime:
 
     device_kind: str  # "TPU", "CPU", "CUDA": the hardware behind the xla device
     device_count: int  # addressable devices of this process
-    world_size: int
+    world_size: int  # torch_xla's: under multiprocessing the global device count, not hosts
     device_attributes: list[dict[str, Any]] = field(default_factory=list)
+    pjrt_device_kind: str | None = None  # "TPU v5 lite", "cpu": names the TPU generation
+    host_count: int = 1
 
 
 @functools.lru_cache(maxsize=1)
@@ -60,9 +62,16 @@ def xla_runtime() -> XlaRuntime:
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
 
-    kind = xm.xla_device_hw(torch_xla.device())
+    device = torch_xla.device()
     attributes = [dict(a) for a in xr.global_runtime_device_attributes()]
-    return XlaRuntime(kind, xr.addressable_runtime_device_count(), xr.world_size(), attributes)
+    # PJRT's device attributes (coords, core_on_chip, num_cores, slice_index, name on a
+    # TPU) do not hold the device kind; torch_xla reports it on its own.
+    pjrt_kind = xm.xla_device_kind(device)
+    # Processes over processes per host: xr.world_size() counts devices under torch_xla's
+    # multiprocessing (xmp.spawn runs one process per chip on a TPU VM).
+    hosts = max(1, xr.process_count() // max(1, xr.local_process_count()))
+    return XlaRuntime(xm.xla_device_hw(device), xr.addressable_runtime_device_count(),
+                      xr.world_size(), attributes, pjrt_kind, hosts)
 
 
 def memory_info(device: Any) -> dict[str, int] | None:

@@ -51,7 +51,10 @@ def describe_device(device: torch.device, backend_name: str, section: Any = None
     index = device.index or 0
     attributes = runtime.device_attributes[index] if index < len(runtime.device_attributes) \
         else {}
-    kind = str(attributes.get("device_kind", runtime.device_kind))
+    # A runtime that lists the kind among a device's attributes is read first; torch_xla's
+    # PJRT runtimes do not, and report it apart (probe.xla_runtime).
+    kind = str(attributes.get("device_kind") or runtime.pjrt_device_kind
+               or runtime.device_kind)
     on_tpu = runtime.device_kind == "TPU"
     detected = tpu_version(kind) if on_tpu else None
     version, version_note = resolve_version(detected, _setting(section, "version"), on_tpu,
@@ -82,8 +85,10 @@ def describe_device(device: torch.device, backend_name: str, section: Any = None
         extra={"device_kind": runtime.device_kind,
                "tpu_version": known.version if known else None,
                "generation": known.name if known else None,
+               "pjrt_device_kind": runtime.pjrt_device_kind,
                "device_count": runtime.device_count, "world_size": runtime.world_size,
-               "topology": topology, "attributes": attributes},
+               "host_count": runtime.host_count, "topology": topology,
+               "attributes": attributes},
         notes="; ".join(notes) or None,
     )
 

@@ -293,3 +293,40 @@ def test_the_final_check_is_a_stage_only_where_it_ran() -> None:
     assert "final_check" not in without.stage_seconds and without.max_rel_diff is None
     checked = backend.optimize(copy.deepcopy(model), "O1", sample_input=torch.randn(4, 16))
     assert "final_check" in checked.stage_seconds and checked.max_rel_diff is not None
+
+
+def test_a_detection_that_answers_after_its_deadline_is_taken_by_a_rescan(
+        reload_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hook past the deadline was never asked again, and its late answer never taken: a
+    TPU runtime that started in 6 s on a busy machine was lost to the process for good.
+    Deterministic: the hook waits on an event the test sets after the deadline passed."""
+    import threading
+
+    from torchbridge.plugins import plugin_records
+
+    release, calls = threading.Event(), []
+
+    class Slow:
+        @torchbridge.hookimpl
+        def torchbridge_detect(self) -> Any:
+            calls.append(1)
+            release.wait(60)
+            return torchbridge.Detection("slowpoke", True, -40, "cpu", 1, "Slow", None, ("cpu",))
+
+    monkeypatch.setenv("TORCHBRIDGE_DETECT_TIMEOUT", "0.05")
+    torchbridge.register_plugin(Slow(), name="slow")
+    statuses = {s.name: s for s in torchbridge.list_backends(rescan=True)}
+    assert "slowpoke" not in statuses
+    record = next(r for r in plugin_records() if r.name == "slow")
+    assert record.detect_timed_out and record.status == "error"
+    # Still running: a rescan answers with the same error at once, without asking again.
+    torchbridge.list_backends(rescan=True)
+    assert calls == [1] and record.detect_timed_out
+    release.set()
+    for thread in threading.enumerate():
+        if thread.name == "torchbridge torchbridge_detect slow":
+            thread.join(10)
+    statuses = {s.name: s for s in torchbridge.list_backends(rescan=True)}
+    assert statuses["slowpoke"].available and calls == [1]
+    record = next(r for r in plugin_records() if r.name == "slow")
+    assert not record.detect_timed_out and record.status == "loaded" and not record.errors

@@ -348,17 +348,29 @@ class PluginHost:
                         check: Callable[[Any], str | None] | None = None) -> tuple[bool, Any]:
         """call_one under a deadline of `timeout` seconds (None: no deadline, on this
         thread). The hook runs in a daemon thread; past the deadline it is left running,
-        recorded as this plugin's error, and never waited for again in this process (a
-        rescan, or a reload of the plugins, answers at once with the same error)."""
+        recorded as this plugin's error, and never waited for again in this process: a
+        rescan, or a reload of the plugins, answers at once with the same error while it
+        runs, and takes its answer once it has given one (a TPU runtime that started in
+        6 s on a busy machine was lost to the process for good)."""
         if timeout is None:
             return self.call_one(impl, hook_name, kwargs, check)
         key = _hook_key(impl, hook_name)
         record = self.records.get(impl.plugin_name)
-        if key in _timed_out:
+        abandoned = _timed_out.get(key)
+        if abandoned is not None and abandoned.fatal:
+            del _timed_out[key]  # a Ctrl-C or exit on its thread: not an answer
+        elif abandoned is not None and abandoned.outcome:
+            del _timed_out[key]
+            if record is not None:
+                _forget_timeout(record, hook_name, abandoned.deadline)
+            logger.info("plugin %s answered %s after its deadline; taken now",
+                        impl.plugin_name, hook_name)
+            return abandoned.outcome[0]
+        if abandoned is not None:
             if record is not None:
                 record.detect_timed_out = True
             return False, self.record_hook_error(impl.plugin_name, hook_name,
-                                                 _timeout_message(_timed_out[key]))
+                                                 _timeout_message(abandoned.deadline))
         outcome: list[tuple[bool, Any]] = []
         fatal: list[BaseException] = []
         steps: set[str] = getattr(_local, "steps", set())
@@ -377,7 +389,7 @@ class PluginHost:
         if fatal:
             raise fatal[0]
         if not outcome:  # still running: left behind, a daemon thread
-            _timed_out[key] = timeout
+            _timed_out[key] = _Abandoned(timeout, outcome, fatal)
             if record is not None:
                 record.detect_timed_out = True
             return False, self.record_hook_error(impl.plugin_name, hook_name,
@@ -394,9 +406,31 @@ class PluginHost:
                 yield impl.plugin_name, result
 
 
+@dataclass
+class _Abandoned:
+    """A hook call left running past its deadline, and what its thread has given since:
+    its (ok, result) in `outcome`, or in `fatal` what it raised that is not an answer."""
+
+    deadline: float
+    outcome: list[tuple[bool, Any]]
+    fatal: list[BaseException]
+
+
 # Hooks that ran past their deadline in this process: (plugin, module, function, hook) ->
-# the deadline they missed. Kept across reload_plugins(): a hanging probe hangs again.
-_timed_out: dict[tuple[str, str, str, str], float] = {}
+# the call left running. Kept across reload_plugins(): a hanging probe hangs again.
+_timed_out: dict[tuple[str, str, str, str], _Abandoned] = {}
+
+
+def _forget_timeout(record: PluginRecord, hook_name: str, deadline: float) -> None:
+    """The record as if the hook had answered in time: its timeout error gone, and its
+    status back where nothing else went wrong."""
+    message = f"in {hook_name}: {_timeout_message(deadline)}"
+    record.errors = [e for e in record.errors if e != message]
+    record.detect_timed_out = False
+    if record.error == message:
+        record.error = record.errors[0] if record.errors else None
+    if record.status == "error" and not record.errors:
+        record.status = "builtin" if record.group == "builtin" else "loaded"
 
 
 def _hook_key(impl: pluggy.HookImpl, hook_name: str) -> tuple[str, str, str, str]:
@@ -407,7 +441,8 @@ def _hook_key(impl: pluggy.HookImpl, hook_name: str) -> tuple[str, str, str, str
 
 def _timeout_message(timeout: float) -> str:
     return (f"timed out after {timeout:g} s (TORCHBRIDGE_DETECT_TIMEOUT); left running in "
-            "the background and not asked again in this process")
+            "the background and not asked again in this process (a rescan takes its answer "
+            "once it gives one)")
 
 
 def cached_for(cache: tuple[PluginHost, int, Any] | None, host: PluginHost) -> Any:

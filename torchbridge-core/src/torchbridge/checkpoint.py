@@ -95,6 +95,31 @@ def _format_of(path: Path, format: str | None, loading: bool) -> str:
     return "torch"
 
 
+def _sharded(state: Any) -> tuple[str, str] | None:
+    """(key, type) of the first tensor in `state` that holds one rank's part of a sharded
+    tensor (FSDP2's DTensor, the older ShardedTensor), or None. By the class's name, so
+    that nothing of torch.distributed is imported for a state that has none."""
+    for path, leaf in pytree.tree_leaves_with_path(state):
+        for cls in type(leaf).__mro__:
+            if cls.__name__ in ("DTensor", "ShardedTensor") \
+                    and cls.__module__.startswith("torch.distributed"):
+                key = ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+                return key, cls.__name__
+    return None
+
+
+def _ddp_rank(model: Any) -> int | None:
+    """This process's rank when `model` is a DistributedDataParallel model in a group of
+    several ranks, else None."""
+    if not isinstance(model, nn.parallel.DistributedDataParallel):
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    return dist.get_rank()
+
+
 def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.PathLike[str],
                     *, format: str | None = None) -> Path:
     """Save a model's state dict (or any dict of tensors) with every tensor on the CPU.
@@ -105,7 +130,11 @@ def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.P
     path ending in `.safetensors`, else torch. A path that is a symlink is refused (a save
     never follows a link it did not create); an existing file keeps its permissions, a new
     one gets the umask's. Any failure is a CheckpointError naming the file and the cause,
-    and leaves the previous file as it was."""
+    and leaves the previous file as it was.
+
+    A DDP model (prepare_model(distributed="ddp")) on several ranks is written by rank 0
+    alone: the other ranks return at once, writing nothing. A state holding one rank's
+    shards (FSDP) is refused: save_distributed_checkpoint saves it."""
     if isinstance(model_or_state, nn.Module):
         state: Any = unwrap(model_or_state).state_dict()
     elif isinstance(model_or_state, dict):
@@ -119,6 +148,22 @@ def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.P
         raise CheckpointError(f"checkpoint path must be a str or os.PathLike, got "
                               f"{type(path).__name__}") from None
     fmt = _format_of(path, format, loading=False)
+    ddp_rank = _ddp_rank(model_or_state)
+    if ddp_rank is not None and ddp_rank != 0:
+        # Every rank holds the model; rank 0 writes it (with its buffers, which DDP sends
+        # to the others at each forward), not whichever rank renamed its file last.
+        logger.info("rank %d: save_checkpoint of a DDP model: rank 0 writes %s", ddp_rank,
+                    path)
+        return path
+    sharded = _sharded(state)
+    if sharded is not None:
+        key, kind = sharded
+        raise CheckpointError(
+            f"cannot save checkpoint {path}: {key} is a {kind}, this rank's shard of a "
+            "sharded model (FSDP), so the file would hold one rank's part of the model. Save "
+            "it with torchbridge.distributed.save_distributed_checkpoint(model, folder) on "
+            "every rank; torchbridge.distributed.distributed_to_single_file(folder, path) "
+            "then writes the single file, in one process")
     try:
         cpu_state = _host_copy(state)
     except Exception as exc:
@@ -224,6 +269,9 @@ def _load_torch(path: Path, weights_only: bool) -> tuple[Any, int]:
             # A verified zip is as torch.save wrote it; a legacy file has no checksums, so
             # it counts as intact only when the refusal names a global.
             intact = is_zip or "Unsupported global" in str(exc)
+            if weights_only and isinstance(exc, pickle.UnpicklingError) and intact \
+                    and "DTensor" in str(exc):
+                raise CheckpointError(_shards_in_file(path, "DTensors")) from exc
             if weights_only and isinstance(exc, pickle.UnpicklingError) and intact:
                 raise CheckpointError(
                     f"checkpoint {path} is intact but holds objects other than tensors and "
@@ -235,6 +283,13 @@ def _load_torch(path: Path, weights_only: bool) -> tuple[Any, int]:
                                   f"(truncated, altered, or not written by torch.save): "
                                   f"{type(exc).__name__}: {first}") from exc
     return state, size
+
+
+def _shards_in_file(path: Path, what: str) -> str:
+    return (f"checkpoint {path} holds {what}: one rank's shards of a sharded model (FSDP), "
+            "which save_checkpoint wrote before it refused them; the other ranks' parts are "
+            "not in the file. Save the model with "
+            "torchbridge.distributed.save_distributed_checkpoint on every rank")
 
 
 def _containers(obj: Any) -> list[Any] | None:
@@ -408,4 +463,7 @@ def load_checkpoint(path: str | os.PathLike[str], backend: Any = None,
         _check_file(path)
         remove_dead_temporaries(path.resolve().parent)
         state, size = _load_torch(path, weights_only)
+        sharded = _sharded(state)  # weights_only admits DTensors once they are imported
+        if sharded is not None:
+            raise CheckpointError(_shards_in_file(path, f"{sharded[1]}s ({sharded[0]} among them)"))
     return _place_all(state, path, size, device, dtype)

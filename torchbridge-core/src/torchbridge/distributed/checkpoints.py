@@ -1,9 +1,13 @@
 """Distributed checkpoints through `torch.distributed.checkpoint` (DCP).
 
-Every rank writes its own part (FSDP2: its shards; DDP: the replicated tensors once), and
-the checkpoint loads on any world size, one process without a process group included: DCP
-reshards on load. `distributed_to_single_file` turns one into the single-file state dict
-`torchbridge.load_checkpoint` reads, `single_file_to_distributed` the other way.
+Every rank writes its own part (FSDP2: its shards; a tensor every rank holds, DDP's and
+the buffers: once, by one of the ranks), and the checkpoint loads on any world size, one
+process without a process group included: DCP reshards on load. Buffers are the one state
+the ranks hold apart (BatchNorm's running statistics follow each rank's own batches until
+DDP's next forward sends rank 0's; FSDP2 never does), so rank 0's are broadcast first: the
+checkpoint is rank 0's model, not a mix of the ranks'. `distributed_to_single_file` turns
+one into the single-file state dict `torchbridge.load_checkpoint` reads,
+`single_file_to_distributed` the other way.
 
 Layout: {"model": the user's module's state dict, under its own keys (DDP, compile and
 autocast wrappers removed), "optimizer": keyed by parameter name (DCP's portable form)}.
@@ -28,13 +32,14 @@ from torch import nn
 
 from torchbridge.checkpoint import load_checkpoint, save_checkpoint
 from torchbridge.distributed import manifest
+from torchbridge.distributed.context import current_context
 from torchbridge.distributed.dcp_safe import (
     NoFollowWriter,
     SafeEmptyPlanner,
     SafeLoadPlanner,
     SafeReader,
 )
-from torchbridge.distributed.strategies import user_module
+from torchbridge.distributed.strategies import broadcast_from_rank0, user_module
 from torchbridge.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -107,6 +112,19 @@ def _from_rank0(value: Any) -> Any:
     return box[0]
 
 
+def _buffers_from_rank0(inner: nn.Module) -> None:
+    """Rank 0's buffers on every rank (FSDP2 leaves buffers whole; one sharded all the
+    same is a part of every rank's, left as it is)."""
+    buffers = [b for b in inner.buffers() if not _is_sharded(b)]
+    context = current_context()
+    device = context.device if context is not None else None
+    broadcast_from_rank0(buffers, device)
+
+
+def _is_sharded(tensor: Any) -> bool:
+    return any(cls.__name__ == "DTensor" for cls in type(tensor).__mro__)
+
+
 def _check_keep_last(keep_last: int | None) -> None:
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
                                   or keep_last < 1):
@@ -168,6 +186,10 @@ def save_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathL
     the folder."""
     _check_keep_last(keep_last)
     inner = user_module(model)
+    if _group_active():
+        # DCP saves each replicated tensor from one rank, which one it chooses per tensor:
+        # the ranks' differing buffers were saved half from one, half from the other.
+        _buffers_from_rank0(inner)
     state = _state(inner, optimizer)
     path = Path(checkpoint_dir)
     folder = _save_version(state, path, keep_last, collective=_group_active())

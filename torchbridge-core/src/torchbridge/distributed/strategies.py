@@ -19,21 +19,24 @@ dtype, as without FSDP.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
 from torchbridge.distributed.context import DistributedContext, current_context
-from torchbridge.errors import DistributedError
-from torchbridge.optimize.report import PassRecord, attach_result
+from torchbridge.errors import DistributedError, ModelOptimizationError
+from torchbridge.levels import OptimizationLevel
+from torchbridge.optimize.report import OptimizationResult, PassRecord, attach_result
 from torchbridge.wrapped import unwrap
 
 if TYPE_CHECKING:
     from torchbridge.backend import Backend
+    from torchbridge.optimize.measure import Timer
 
 logger = logging.getLogger(__name__)
 
@@ -93,16 +96,22 @@ def _ddp(prepared: nn.Module, context: DistributedContext) -> nn.Module:
     return DistributedDataParallel(prepared, device_ids=device_ids)
 
 
-def _broadcast_from_rank0(module: nn.Module) -> None:
-    """fully_shard keeps each rank's own shard of its own weights; DDP broadcasts rank 0's.
-    Do the same before sharding, so both strategies start every rank from one model."""
+def broadcast_from_rank0(tensors: Iterable[torch.Tensor], device: torch.device | None
+                         ) -> None:
+    """Rank 0's values into `tensors` on every rank, in place (every rank passes the same
+    tensors in the same order). Each goes through `device`, this rank's, which the process
+    group serves: a model still on the CPU is sent this way under nccl too (None: each
+    tensor's own)."""
     import torch.distributed as dist
 
     if dist.get_world_size() == 1:
         return
     with torch.no_grad():
-        for tensor in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(tensor.data, src=0)
+        for tensor in tensors:
+            sent = tensor.data if device is None else tensor.data.to(device)
+            dist.broadcast(sent, src=0)
+            if sent is not tensor.data:
+                tensor.data.copy_(sent)
 
 
 def _fsdp(prepared: nn.Module, context: DistributedContext) -> nn.Module:
@@ -112,7 +121,6 @@ def _fsdp(prepared: nn.Module, context: DistributedContext) -> nn.Module:
     assert fully_shard is not None  # unsupported_reason said so before the passes ran
     inner = user_module(prepared)
     mesh = init_device_mesh(context.device.type, (context.world_size,))
-    _broadcast_from_rank0(inner)
     # The repeated blocks (a model's ModuleLists: transformer layers, stages) are sharded
     # one by one, so that one block's parameters are gathered at a time; the root takes the
     # rest. Children before parents: fully_shard claims every parameter not yet claimed.
@@ -137,13 +145,152 @@ def check_strategy(strategy: object) -> str:
     return strategy.lower()
 
 
+class _Rank0Timings:
+    """The timer of every rank's keep-the-fastest decision (O2 and O3 with a sample input in
+    eval mode): rank 0 times the candidates, every other rank takes rank 0's figures in the
+    order they were measured. round_robin decides from the figures alone, so every rank
+    keeps what rank 0 kept. Each rank timing for itself kept compile on one rank and O0 on
+    the other (a stall of a few ms on one core was enough), and DDP then averaged the
+    gradients of a bf16 model with those of a float32 one.
+
+    One collective: rank 0 sends its figures after its run (`exchange`); another rank
+    receives them at its first timing, or after its run when it timed nothing."""
+
+    def __init__(self, rank: int, timer: Timer) -> None:
+        self.rank, self.timer = rank, timer
+        self.figures: dict[str, list[float]] = {}  # rank 0's seconds of each candidate
+        self.received = False
+        self.used = False  # rank 0's figures were taken here
+
+    def __call__(self, label: str, fn: Callable[[], Any]) -> float:
+        if self.rank == 0:
+            seconds = self.timer(label, fn)
+            self.figures.setdefault(label, []).append(seconds)
+            return seconds
+        self.exchange()
+        queue = self.figures.get(label)
+        if queue:
+            self.used = True
+            return queue.pop(0)
+        # Rank 0 timed other candidates: its model differs from this rank's, which the
+        # comparison after the run reports.
+        logger.info("rank %d: rank 0 has no timing of %r; timed here", self.rank, label)
+        return self.timer(label, fn)
+
+    def exchange(self) -> None:
+        import torch.distributed as dist
+
+        if self.received:
+            return
+        box: list[Any] = [self.figures if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        self.figures, self.received = box[0] or {}, True
+
+
+def _copy(model: nn.Module) -> nn.Module:
+    try:
+        return copy.deepcopy(model)
+    except Exception as exc:
+        raise ModelOptimizationError(
+            f"the model cannot be deep-copied ({type(exc).__name__}: {exc}), and prepare_model "
+            "works on a copy; pass inplace=True to prepare the model itself") from exc
+
+
+def _outcome(result: OptimizationResult | None, error: Exception | None) -> dict[str, Any]:
+    """What a rank tells the others of its run: its error, or the passes it kept, each
+    pass's record and its parameters' dtypes."""
+    if result is None:
+        return {"error": f"{type(error).__name__}: {error}"}
+    return {"kept": result.optimizations_applied,
+            "passes": {p.name: f"{p.status}: {p.detail}"[:200] for p in result.passes},
+            "dtypes": [str(p.dtype).removeprefix("torch.")
+                       for p in user_module(result.model).parameters()]}
+
+
+def _agree(name: str, context: DistributedContext, outcome: dict[str, Any],
+           error: Exception | None) -> None:
+    """Every rank's outcome to every rank; raises the same DistributedError on every rank
+    where one failed or where they kept different models (before the wrapper's
+    collectives, where a rank that raised alone left the others with "Connection closed
+    by peer", and different models trained together silently)."""
+    import torch.distributed as dist
+
+    outcomes: list[Any] = [None] * context.world_size
+    dist.all_gather_object(outcomes, outcome)
+    failed = "; ".join(f"rank {rank}: {o['error']}" for rank, o in enumerate(outcomes)
+                       if "error" in o)
+    if failed:
+        raise DistributedError(
+            f"prepare_model(distributed={name!r}) failed on {failed}; every rank raises "
+            "this error, so that no rank goes on alone") from error
+    first = outcomes[0]
+    if all((o["kept"], o["dtypes"]) == (first["kept"], first["dtypes"]) for o in outcomes):
+        return
+    kept = "; ".join(f"rank {rank} kept {', '.join(o['kept']) or 'no pass'} (parameters "
+                     f"{', '.join(sorted(set(o['dtypes']))) or 'none'})"
+                     for rank, o in enumerate(outcomes))
+    differing = [p for p in dict.fromkeys(p for o in outcomes for p in o["kept"])
+                 if any(p not in o["kept"] for o in outcomes)]
+    why = "; ".join(f"{p} on rank {rank}: {o['passes'].get(p, 'not run')}"
+                    for p in differing for rank, o in enumerate(outcomes)
+                    if p not in o["kept"])
+    raise DistributedError(
+        f"prepare_model(distributed={name!r}): the ranks prepared different models, which "
+        f"cannot train as one: {kept}" + (f". Why: {why}" if why else "") + ". Each rank "
+        "runs the level's passes and checks them on its own sample_input, so a sample that "
+        "differs per rank (each rank's own batch) can keep a pass on one rank and not on "
+        "another: pass the same sample_input on every rank (one batch made with the same "
+        "seed everywhere), or none")
+
+
+def _prepare_every_rank(name: str, backend: Backend, model: nn.Module, level: Any,
+                        context: DistributedContext, *, sample_input: Any, inplace: bool,
+                        strict: bool | None, quantize: str | Literal[False] | None
+                        ) -> OptimizationResult:
+    """The level's passes on this rank, from rank 0's weights, with rank 0's timings; the
+    same outcome on every rank, or a DistributedError on every rank."""
+    from torchbridge.optimize import fastest
+    from torchbridge.optimize.pipeline import run_pipeline
+
+    # The first call is never timed: the wrapper changes the model before it, and each rank
+    # would decide on its own timing.
+    if context.world_size == 1:
+        return run_pipeline(backend, model, level, sample_input=sample_input, inplace=inplace,
+                            strict=strict, quantize=quantize, first_call=False)
+    # Rank 0's weights before the passes, not only in the wrapper: O3's inference freezing
+    # compiles the weights it sees into the graph as constants, so each rank computed with
+    # its own weights while its parameters held rank 0's.
+    work = model if inplace else _copy(model)
+    broadcast_from_rank0([*work.parameters(), *work.buffers()], context.device)
+    timer = _Rank0Timings(context.rank, fastest.default_timer(backend.synchronize))
+    result: OptimizationResult | None = None
+    error: Exception | None = None
+    try:
+        result = run_pipeline(backend, work, level, sample_input=sample_input, inplace=True,
+                              strict=strict, quantize=quantize, timer=timer,
+                              first_call=False)
+    except Exception as exc:  # every rank hears of it before anyone raises
+        error = exc
+    timer.exchange()
+    _agree(name, context, _outcome(result, error), error)
+    assert result is not None
+    result.notes.append(f"{name}: rank 0's parameters and buffers were broadcast to every "
+                        "rank before the passes ran, and every rank kept the same passes")
+    if timer.used:
+        result.notes.append(f"rank {context.rank} kept what rank 0's timings chose, so that "
+                            "every rank keeps the same model")
+    return result
+
+
 def prepare_distributed(backend: Backend, model: nn.Module, level: Any, strategy: object, *,
                         sample_input: Any = None, inplace: bool = False,
                         strict: bool | None = None, quantize: str | Literal[False] | None = None
                         ) -> nn.Module:
-    """The level's passes through `backend.optimize`, then the distributed wrapper around
-    their result (see the module text for the order). The report gains the wrapper as its
-    last applied step."""
+    """The level's passes on every rank, from rank 0's weights, then the distributed wrapper
+    around their result (see the module text for the order). The ranks' outcomes are
+    compared first: a rank that failed, or ranks that kept different passes, are a
+    DistributedError on every rank. The report gains the wrapper as its last applied
+    step."""
     name = check_strategy(strategy)
     context = current_context()
     if context is None:
@@ -161,8 +308,9 @@ def prepare_distributed(backend: Backend, model: nn.Module, level: Any, strategy
     if reason is not None:
         raise DistributedError(f"distributed={name!r} is not supported on "
                                f"{context.device.type}: {reason}")
-    result = backend.optimize(model, level, sample_input=sample_input, inplace=inplace,
-                              strict=strict, quantize=quantize)
+    result = _prepare_every_rank(name, backend, model, level, context,
+                                 sample_input=sample_input, inplace=inplace, strict=strict,
+                                 quantize=quantize)
     started = time.perf_counter()
     try:
         wrapped = _WRAPPERS[name](result.model, context)
@@ -176,6 +324,13 @@ def prepare_distributed(backend: Backend, model: nn.Module, level: Any, strategy
     result.notes.append(f"{name}: the wrapper is outside the level's passes (autocast, "
                         "compile), as torch recommends: compile the module passed to the "
                         "wrapper")
+    if sample_input is None and result.level >= OptimizationLevel.O2 and not model.training \
+            and backend.config.optimization.time_first_call:
+        result.notes.append(f"no sample input: the first call is not timed under {name} (the "
+                            "wrapper changes the model after prepare_model, and each rank "
+                            "would keep what its own timings chose); the prepared model is "
+                            "kept. Pass the same sample_input on every rank to keep the "
+                            "fastest")
     result.model = wrapped
     attach_result(wrapped, result)
     return wrapped

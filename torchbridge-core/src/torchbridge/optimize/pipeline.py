@@ -194,10 +194,12 @@ def _on_device(model: nn.Module, device: torch.device) -> bool:
 
 def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input: Any = None,
                  measure: bool = False, inplace: bool = False, strict: bool | None = None,
-                 quantize: Any = None, timer: Timer | None = None) -> OptimizationResult:
+                 quantize: Any = None, timer: Timer | None = None, first_call: bool = True
+                 ) -> OptimizationResult:
     """The report of one prepare_model run (Backend.optimize documents the arguments).
     `timer` times one call for the keep-the-faster decision (tests inject one; default:
-    wall time)."""
+    wall time). `first_call=False`: the first call is never timed (distributed=: the
+    wrapper put around the model afterwards is a change the first call would refuse)."""
     if not isinstance(model, nn.Module):
         raise ModelOptimizationError(f"expected a torch.nn.Module, got {type(model).__name__}")
     level = OptimizationLevel.parse(backend.config.optimization_level if level is None
@@ -254,7 +256,7 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
             result.stage_seconds["timing"] = time.perf_counter() - started
             work = result.model = run.work
         elif call is None and level >= OptimizationLevel.O2 and not model.training and \
-                backend.config.optimization.time_first_call:
+                first_call and backend.config.optimization.time_first_call:
             # No sample input: the first call's input is the sample (optimize/first_call.py).
             # O0 is the caller's model when that costs no copy.
             install_first_call_timing(

@@ -155,6 +155,7 @@ def test_rdna2_has_fp16_but_not_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeGPUs(monkeypatch, "MI210")
     for gcn in ("gfx1030", "gfx1031", "gfx1032"):
         fake.props = ROCmProperties("Radeon RX 6000", gcn, 40, 12 * GB)
+        fake.free = 10 * GB  # within its 12 GB: more free than total is refused
         info = torchbridge.get_backend("rocm").get_device_info()
         assert info.extra["family"] == "rdna2"
         assert info.supported_dtypes == ["float32", "float16"]

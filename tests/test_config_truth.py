@@ -193,3 +193,33 @@ def test_error_offers_the_alias_not_the_refused_field_name(cased: None) -> None:
     with pytest.raises(ConfigurationError) as info:
         TorchBridgeConfig.load(environ={}, hardware={"cased": {"tag": "y"}})
     assert "'hardware.cased.Tag'" in str(info.value)
+
+
+def test_a_validator_raising_something_else_on_assignment_is_a_configuration_error(
+        reload_plugins: None) -> None:
+    # Loading wrapped it as a ConfigurationError naming the section and its plugin; an
+    # assignment let the validator's RuntimeError out.
+    from pydantic import field_validator
+
+    class Modes(ConfigSection):
+        mode: str = "fast"
+
+        @field_validator("mode")
+        @classmethod
+        def _known(cls, value: str) -> str:
+            if value not in ("fast", "exact"):
+                raise RuntimeError("acme: unknown mode")  # not a ValueError
+            return value
+
+    class Plugin:
+        @torchbridge.hookimpl
+        def torchbridge_config_section(self) -> tuple[str, type[ConfigSection]]:
+            return "acme_modes", Modes
+
+    torchbridge.register_plugin(Plugin(), name="acme_modes")
+    config = TorchBridgeConfig()
+    with pytest.raises(ConfigurationError, match=r"hardware\.acme_modes\.mode = 'turbo' "
+                       r"\(from assignment\) \(section of plugin acme_modes\): its validator "
+                       r"raised RuntimeError: acme: unknown mode"):
+        config.hardware.acme_modes.mode = "turbo"
+    assert config.hardware.acme_modes.mode == "fast"

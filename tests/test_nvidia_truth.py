@@ -41,6 +41,7 @@ def _gpu(monkeypatch: pytest.MonkeyPatch, gpu: str | CUDAProperties) -> FakeGPUs
     fake = FakeGPUs(monkeypatch, "H100" if isinstance(gpu, CUDAProperties) else gpu)
     if isinstance(gpu, CUDAProperties):
         fake.props = gpu
+        fake.free = gpu.total_memory - 2 * GB  # free within its own total
     monkeypatch.setattr(torch.cuda, "get_device_capability",
                         lambda device=None: (fake.props.major, fake.props.minor))
     return fake

@@ -54,10 +54,48 @@ def _answer_problem(hook: str) -> Callable[[Any], str | None]:
     expected = DEVICE_HOOKS[hook]
 
     def problem(result: Any) -> str | None:
+        if isinstance(result, MemoryStats):
+            return _impossible_memory(result)
+        if isinstance(result, DeviceInfo):
+            return _impossible_description(result)
         if isinstance(result, expected):
             return None
         return f"returned {type(result).__name__}, expected {expected.__name__} or None"
     return problem
+
+
+# An answer no device can give is the plugin's error, not a figure to pass on: free memory
+# over the total made doctor print "free 64.00 GiB, total 16.00 GiB" with health ok, a free
+# figure in MiB made OOM protection refuse 1 MiB as if memory were short, and a dtype name
+# torch has not ("bf16") failed in another plugin's pass. (The contract suite checks more:
+# these are the checks that cannot be wrong for any real device.)
+def _impossible_memory(stats: MemoryStats) -> str | None:
+    for name in ("allocated", "reserved", "peak_allocated", "free", "total"):
+        value = getattr(stats, f"{name}_bytes")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            return f"memory stats {name}_bytes = {value!r}: bytes are an int >= 0, or None"
+    free, total = stats.free_bytes, stats.total_bytes
+    if free is not None and total is not None and free > total:
+        return f"memory stats free_bytes {free} > total_bytes {total} (both in bytes)"
+    return None
+
+
+def _impossible_description(info: DeviceInfo) -> str | None:
+    unknown = [d for d in info.supported_dtypes
+               if not isinstance(getattr(torch, str(d), None), torch.dtype)]
+    if unknown:
+        return f"device info supported_dtypes {unknown} are not torch dtype names"
+    preferred = info.preferred_low_precision_dtype
+    if preferred is not None and preferred not in info.supported_dtypes:
+        return (f"device info preferred_low_precision_dtype {preferred!r} is not among its "
+                f"supported_dtypes {info.supported_dtypes}")
+    total, available = info.memory_total_gb, info.memory_available_gb
+    if any(gb is not None and gb < 0 for gb in (total, available)):
+        return f"device info memory {available!r} of {total!r} GiB: negative"
+    if total is not None and available is not None and available > total:
+        return f"device info memory_available_gb {available} > memory_total_gb {total}"
+    return None
 
 
 class Backend:

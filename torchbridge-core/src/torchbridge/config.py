@@ -141,6 +141,18 @@ class ConfigSection(BaseModel):
         except ValidationError as exc:
             _raise_configuration_error(exc, prefix, {(*prefix, name): "assignment"},
                                        type(self))
+        except Exception as exc:  # a plugin's validator raising something else
+            if isinstance(exc, ConfigurationError):
+                raise
+            # As loading reports it (_merge_sections): a ConfigurationError naming the
+            # field and the section's plugin, not the validator's own exception.
+            field = ".".join((*prefix, name))
+            owner = hardware_sections().owners.get(prefix[1]) \
+                if len(prefix) > 1 and prefix[0] == "hardware" else None
+            of = f" (section of plugin {owner})" if owner else ""
+            raise ConfigurationError(
+                f"config {field} = {value!r} (from assignment){of}: its validator raised "
+                f"{describe(exc)}", field=field, value=value, source="assignment") from None
         root = self._root_config()
         child = getattr(self, name, None)
         if isinstance(child, ConfigSection) and self._path is not None:

@@ -330,3 +330,46 @@ def test_a_detection_that_answers_after_its_deadline_is_taken_by_a_rescan(
     assert statuses["slowpoke"].available and calls == [1]
     record = next(r for r in plugin_records() if r.name == "slow")
     assert not record.detect_timed_out and record.status == "loaded" and not record.errors
+
+
+def test_a_kernel_substitution_undone_after_timing_is_not_reported_substituted(
+        reload_plugins: None) -> None:
+    """The timing kept O0 (or a final check undid the pass): the modules run their own code
+    again, and the report's kernel lines said "substituted" all the same."""
+    from torchbridge import KernelImplementation
+
+    def rms(x: torch.Tensor, weight: Any = None, eps: float = 1e-6) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return (out if weight is None else out * weight.float()).to(x.dtype)
+
+    class Kernels:
+        @torchbridge.hookimpl
+        def torchbridge_kernel_implementations(self, backend: Any) -> list[Any]:
+            return [KernelImplementation(op="rms_norm", name="exact_rms", forward=rms,
+                                         backends=("cpu",), traceable=True, priority=10)]
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm, self.proj = nn.RMSNorm(64, eps=1e-6), nn.Linear(64, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.proj(self.norm(x))
+
+    def o0_is_fastest(label: str, call: Any) -> float:
+        call()
+        return 1.0 if label == "O0" else 2.0
+
+    torchbridge.register_plugin(Kernels(), name="exact_kernels")
+    config = torchbridge.TorchBridgeConfig(optimization={"disabled_passes": [
+        "compile", "autocast", "low_precision_weights"]})
+    backend = torchbridge.get_backend("cpu", config)
+    torch.manual_seed(0)
+    result = run_pipeline(backend, Block().eval(), "O3", sample_input=torch.randn(8, 64),
+                          timer=o0_is_fastest)
+    assert type(result.model.norm) is nn.RMSNorm  # O0 kept: the module's own code
+    lines = {line["module"]: line for line in result.kernel_substitutions}
+    assert lines["norm"]["status"] == "undone", lines
+    assert "was exact_rms (plugin exact_kernels)" in lines["norm"]["detail"]
+    assert "kernel: norm (rms_norm): undone" in result.summary()

@@ -62,6 +62,7 @@ from torchbridge.kernels.implementations import (
 from torchbridge.optimize.hf_attention import HF_ATTENTION
 from torchbridge.optimize.kernel_patterns import BUILTIN_PATTERNS, ModulePattern, grown_input
 from torchbridge.optimize.passes import OptimizationPass, PassContext
+from torchbridge.optimize.report import KERNEL_SUBSTITUTION_PASS
 from torchbridge.plugins import get_plugin_host
 
 logger = logging.getLogger(__name__)
@@ -300,6 +301,7 @@ class _Gate:
                 out = fn()  # held through the sync: a lazy device (XLA) runs it only then
                 sync()
                 times.append(clock() - started)
+            del out
         return statistics.median(times)
 
     def check(self, module: nn.Module, pattern: ModulePattern, facts: dict[str, Any],
@@ -696,7 +698,7 @@ def kernel_substitution_pass() -> OptimizationPass:
     from torchbridge.levels import OptimizationLevel
 
     return OptimizationPass(
-        "kernel_substitution", "modules that compute a TorchBridge op call the chosen "
+        KERNEL_SUBSTITUTION_PASS, "modules that compute a TorchBridge op call the chosen "
         "implementation, after checking its numbers on the model's shapes",
         OptimizationLevel.O3, _substitute_kernels, _check, order=70, effect=_substituted)
 

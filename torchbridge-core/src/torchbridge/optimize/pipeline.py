@@ -263,6 +263,7 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
                 run, model if not inplace and _on_device(model, backend.device) else None,
                 timer or fastest.default_timer(backend.synchronize))
         result.kernel_substitutions = ctx.state.get("kernel_substitutions", [])
+        result.settle_kernel_lines()
         result.quantization = ctx.state.get("quantization")
     except BaseException as exc:
         # Whatever failed after passes ran: the model as it was (the caller's own object

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 _RESULT_ATTR = "_torchbridge_optimization_result"
 QUANTIZE_PASS = "quantize"
 COMPILE_PASS = "compile"
+KERNEL_SUBSTITUTION_PASS = "kernel_substitution"
 FOLDING_PASS = "conv_bn_folding"
 QUANTIZE_NOT_ASKED = "no quantization asked for (prepare_model(quantize=...) or config " \
                      "optimization.quantize)"
@@ -150,6 +151,18 @@ class OptimizationResult:
         """Names of the passes that really ran (the seeds' field)."""
         return [p.name for p in self.applied]
 
+    def settle_kernel_lines(self) -> None:
+        """The kernel lines as the kept model runs: where kernel_substitution was undone
+        after it ran (the timing kept O0, a final check failed), its modules run their own
+        code again, and "substituted" would say what no longer happens."""
+        record = next((p for p in self.passes if p.name == KERNEL_SUBSTITUTION_PASS), None)
+        if record is None or record.status == "applied":
+            return
+        for line in self.kernel_substitutions:
+            if line.get("status") == "substituted":
+                line.update(status="undone", detail=f"was {line.get('implementation')} "
+                            f"(plugin {line.get('plugin')}); {record.detail}")
+
     def quantization_outcome(self) -> dict[str, Any] | None:
         """The quantization asked for, if any: mode, status (applied, skipped, rolled
         back), detail (how, or why not) and, when applied, the gate's figures against O0
@@ -209,7 +222,7 @@ class OptimizationResult:
         lines += [f"  note: {n}" for n in self.notes]
         for sub in self.kernel_substitutions:
             how = (f"{sub['implementation']} (plugin {sub['plugin']})"
-                   if sub.get("status") == "substituted" else "kept")
+                   if sub.get("status") == "substituted" else sub.get("status") or "kept")
             lines.append(f"  kernel: {sub['module']} ({sub['pattern']}): {how}: "
                          f"{sub.get('detail', '')}")
         if self.max_abs_diff is not None:

@@ -10,10 +10,11 @@
 - `compute`: the PyDotCompute kernel API of every Backend (compile_kernel, launch_kernel).
 
 `torchbridge.get_kernel(op, backend)` returns the chosen implementation as a callable,
-checked: its first eager call with each new combination of argument dtypes and shapes (up
-to MAX_CHECKED_SIGNATURES) also runs the reference on the same arguments, and must match
-it in kind (dtype, shape) and values (the dtype's tolerance); an implementation that fails
-is dropped for good (reported as its plugin's error) and the reference runs.
+checked: its first eager call with each new argument signature (tensors' dtypes and
+shapes, other arguments' values; up to MAX_CHECKED_SIGNATURES) also runs the reference on
+the same arguments, and must match it in kind (dtype, shape) and values (the dtype's
+tolerance), leaving its arguments unchanged and returning none of them; an implementation
+that fails is dropped for good (reported as its plugin's error) and the reference runs.
 `get_kernel(...).unchecked()` (or `unchecked_kernel`) skips the check.
 `config.kernel.enabled = False` or listing the op in `config.kernel.disabled_ops` forces
 the reference, which is how to rule a custom kernel out when hunting a numerical problem.

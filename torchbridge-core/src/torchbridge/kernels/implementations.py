@@ -349,9 +349,160 @@ def call_problem(output: Any, expected: Any, args: Sequence[Any]) -> str | None:
     return None
 
 
-# How many distinct argument signatures (dtypes and shapes) a checked kernel compares on
-# before it trusts every call: the check costs one reference run per new signature.
+# --- an implementation leaves its inputs alone ---------------------------------------------
+
+def _tensor_arguments(op: str, args: Sequence[Any]) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) for each tensor among the op's arguments (`x`, `tensors[1]`)."""
+    names = [a.name for a in ops_module.arguments(op)]
+    found: list[tuple[str, torch.Tensor]] = []
+    for i, value in enumerate(args):
+        name = names[i] if i < len(names) else f"argument {i}"
+        items = list(enumerate(value)) if isinstance(value, (tuple, list)) else [(None, value)]
+        found.extend((name if j is None else f"{name}[{j}]", t) for j, t in items
+                     if isinstance(t, torch.Tensor))
+    return found
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """Where a tensor's memory starts (a view shares its base's); None: no plain storage."""
+    try:
+        return t.untyped_storage().data_ptr() if t.numel() else None
+    except (RuntimeError, NotImplementedError):  # a subclass without one (sparse, nested)
+        return None
+
+
+def _unchanged(t: torch.Tensor, copy: torch.Tensor) -> bool:
+    if t.shape != copy.shape:  # resized where it is
+        return False
+    if torch.equal(t, copy):
+        return True
+    # torch.equal is False wherever both hold NaN.
+    return (t.is_floating_point() or t.is_complex()) and bool(
+        ((t == copy) | (t.isnan() & copy.isnan())).all())
+
+
+@dataclass
+class InputSnapshot:
+    """An op call's tensor arguments as they were before an implementation ran, for
+    `write_problem`: each one's version counter (None for an inference tensor, which keeps
+    none) and, within `snapshot_inputs`' limit, a copy of its values."""
+
+    args: tuple[Any, ...]
+    tensors: list[tuple[str, torch.Tensor, int | None, torch.Tensor | None]]
+
+
+def snapshot_inputs(op: str, args: Sequence[Any], limit: int | None = None,
+                    originals: Sequence[Any] | None = None) -> InputSnapshot:
+    """`args` (the op's positional arguments) before an implementation runs on them; tensors
+    of more than `limit` bytes (None: no limit) keep only their version counter. With
+    `originals`, the arguments `args` are copies of: their values are what `args` must
+    still hold, and nothing is copied."""
+    tensors = []
+    sources = _tensor_arguments(op, originals) if originals is not None else None
+    with torch.no_grad():
+        for i, (name, t) in enumerate(_tensor_arguments(op, args)):
+            try:
+                version: int | None = t._version
+            except RuntimeError:  # an inference tensor: its values are compared, if copied
+                version = None
+            small = limit is None or t.numel() * t.element_size() <= limit
+            copy = sources[i][1] if sources is not None else \
+                t.detach().clone() if small else None
+            tensors.append((name, t, version, copy))
+    return InputSnapshot(tuple(args), tensors)
+
+
+def _written(snapshot: InputSnapshot) -> list[str]:
+    """The arguments an implementation changed: values differing from the copy, or (no copy,
+    or the values written back as they were) a version counter that moved. A view shares its
+    base's counter, so q, k and v sliced from one tensor move together: values name which."""
+    changed = [name for name, t, _, copy in snapshot.tensors
+               if copy is not None and not _unchanged(t, copy)]
+    return changed or [name for name, t, version, _ in snapshot.tensors
+                       if version is not None and t._version != version]
+
+
+def write_problem(output: Any, snapshot: InputSnapshot) -> str | None:
+    """Why an implementation's call broke the rule that it leaves its inputs alone (see
+    KernelImplementation.forward): it wrote into an argument, or an output is an argument or
+    a view of one (shares its memory); None: neither."""
+    called = f"(called with {describe_tensors(snapshot.args)})"
+    written = _written(snapshot)
+    if written:
+        return (f"writes into its argument {', '.join(written)}; an implementation must "
+                f"leave its inputs unchanged {called}")
+    storages = {_storage(t): name for name, t, _, _ in snapshot.tensors}
+    storages.pop(None, None)
+    outputs = torch.utils._pytree.tree_leaves(output)
+    for i, out in enumerate(outputs):
+        name = storages.get(_storage(out)) if isinstance(out, torch.Tensor) else None
+        if name is not None:
+            which = f" as output {i}" if len(outputs) > 1 else ""
+            return (f"returns its argument {name} (or a view of it){which}; an implementation "
+                    f"must return new tensors {called}")
+    return None
+
+
+def restore_inputs(snapshot: InputSnapshot) -> None:
+    """Put back the values of the copied arguments an implementation wrote into (only those:
+    writing moves a tensor's version counter, which autograd checks its saved tensors by)."""
+    with torch.no_grad():
+        for _, t, _, copy in snapshot.tensors:
+            if copy is not None and not _unchanged(t, copy):
+                try:
+                    t.copy_(copy)
+                except RuntimeError:  # an inference tensor outside inference mode
+                    logger.debug("could not restore an argument the implementation wrote")
+
+
+# --- the first-use check's signature ---------------------------------------------------------
+
+# How many distinct argument signatures a checked kernel compares on before it trusts every
+# call: the check costs one reference run per new signature.
 MAX_CHECKED_SIGNATURES = 16
+# How many values of its number arguments a checked kernel compares on per signature of
+# the others, before it trusts other values of them (see call_signature).
+MAX_NUMBER_VALUES = 4
+
+# Non-tensor arguments whose value is always part of a signature: they choose what is
+# computed (is_causal, enable_gqa, a mode), take few values, and a kernel may ignore or
+# mishandle one value while getting another right. Numbers (int, float) too, but bounded:
+# see call_signature.
+_VALUE_TYPES = frozenset((type(None), bool, str, torch.dtype, torch.device, torch.layout,
+                          torch.memory_format))
+
+
+def _argument_key(value: Any, numbers: bool) -> Any:
+    # Computed on every call of a checked kernel: the commonest kinds first, by exact type.
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.shape
+    kind = type(value)
+    if kind in _VALUE_TYPES:
+        return kind, value  # the type too: True and 1 are equal and hash alike
+    if isinstance(value, (int, float)):  # bool is caught above
+        return (kind, value) if numbers else kind
+    if isinstance(value, (tuple, list)):
+        return kind, tuple(_argument_key(v, numbers) for v in value)
+    return kind  # other objects: compared by type, their values may not hash
+
+
+def call_signature(args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                   numbers: bool = True) -> tuple[Any, ...]:
+    """What a checked kernel checks once per distinct value of: each tensor's dtype and
+    shape, plain non-tensor values (bools, strings, None, dtypes, tuples of them) as they
+    are, other objects by type; numbers by value (`numbers`), else by type.
+
+    Numbers by value, because an eps or a softmax scale is set once per model and a kernel
+    that ignores it (computes the default scale whatever it is given) is wrong only for the
+    values it ignores, so it is checked on each. But not without bound: a number can also
+    change on every call (a step's scale, a position), which would spend the
+    MAX_CHECKED_SIGNATURES checks on values, each costing a reference run, and leave later
+    shapes unchecked. So after MAX_NUMBER_VALUES values with the same other arguments,
+    other values are trusted (the signature with numbers by type is marked checked)."""
+    key = tuple([_argument_key(a, numbers) for a in args])
+    if kwargs:
+        key += tuple([(k, _argument_key(v, numbers)) for k, v in sorted(kwargs.items())])
+    return key
 
 
 @dataclass
@@ -361,12 +512,15 @@ class BoundKernel:
     why the others were passed over (see choice.KernelChoice).
 
     `checked` (what `torchbridge.get_kernel` returns): the implementation's first eager
-    call with each combination of argument dtypes and shapes (the first
-    MAX_CHECKED_SIGNATURES of them) also runs the reference on the same arguments; an
-    output of the wrong dtype, shape or number, or values beyond the tolerance, drops the
-    implementation for good (its plugin's error, a warning, the reason in `reasons`), and
-    this call and every later one run the reference; selection passes the implementation
-    over from then on (`refusal`), so the next `get_kernel` gets the next best. Calls under
+    call with each argument signature (tensors' dtypes and shapes, other arguments' values:
+    see call_signature; the first MAX_CHECKED_SIGNATURES of them) also runs the reference
+    on the same arguments, before the implementation; an output of the wrong dtype, shape
+    or number, values beyond the tolerance, an argument the implementation wrote into or
+    an output that is an argument (or a view of one) drops the implementation for good
+    (its plugin's error, a warning, the reason in `reasons`), and this call gets the
+    reference's output (arguments it wrote into are put back where they were copied) and
+    every later one runs the reference; selection passes the implementation over from
+    then on (`refusal`), so the next `get_kernel` gets the next best. Calls under
     torch.compile are not checked (they trace the implementation as it is), nor calls on
     meta or fake tensors (checked at the first real call). `unchecked()`
     is the same kernel without the check."""
@@ -378,6 +532,8 @@ class BoundKernel:
     reasons: list[str] = field(default_factory=list)
     checked: bool = False
     checked_signatures: set[tuple[Any, ...]] = field(default_factory=set, repr=False)
+    # Per signature with numbers by type: how many values of the numbers were checked.
+    number_values: dict[tuple[Any, ...], int] = field(default_factory=dict, repr=False)
     refused: str | None = None
     backend: str | None = None  # the backend it was chosen for (None: bound directly)
     hook: str = "torchbridge_kernel_implementations"  # the plugin hook it came from
@@ -400,11 +556,11 @@ class BoundKernel:
                            list(self.reasons), backend=self.backend, hook=self.hook)
 
     def _checked_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        signature = tuple((a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor) else None
-                          for a in args) + \
-            tuple((k, v.dtype, tuple(v.shape)) for k, v in sorted(kwargs.items())
-                  if isinstance(v, torch.Tensor))
-        if signature in self.checked_signatures or \
+        signature = call_signature(args, kwargs)
+        if signature in self.checked_signatures:
+            return self.call(*args, **kwargs)
+        loose = call_signature(args, kwargs, numbers=False)
+        if loose in self.checked_signatures or \
                 len(self.checked_signatures) >= MAX_CHECKED_SIGNATURES:
             return self.call(*args, **kwargs)
         if uncheckable(args, kwargs):
@@ -419,20 +575,48 @@ class BoundKernel:
         bound = bind_arguments(self.op, args, kwargs)
         if decline_reason(impl, bound) is not None:
             return self.call(*args, **kwargs)  # the reference runs it: nothing to check
+        # The reference runs first, on the arguments as the caller gave them: an
+        # implementation that writes into them cannot change what it is compared with.
         with torch.no_grad():
             expected = definition.reference(*bound)
+        run = bound
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in torch.utils._pytree.tree_leaves(bound)):
+            # Training: the implementation runs on differentiable copies (the same strides
+            # where dense), since a write into an argument autograd tracks would stay in its
+            # record for the caller's other uses of it, which putting the values back
+            # cannot undo; gradients reach the caller's tensors through the copies.
+            run = tuple(torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, bound))
+            before = snapshot_inputs(self.op, run, originals=bound)
+        else:
+            # Copies of the arguments to find writes into them by (and put them back from):
+            # each one no larger than the reference's output, which the check holds anyway.
+            # A larger one (a linear's weight at a few rows) is watched by its version
+            # counter alone, which every torch op writing into it moves, but not a raw
+            # kernel's stores.
+            limit = sum(t.numel() * t.element_size()
+                        for t in torch.utils._pytree.tree_leaves(expected)
+                        if isinstance(t, torch.Tensor))
+            before = snapshot_inputs(self.op, bound, limit)
         problem: str | None
         try:
-            output = self.call(*args, **kwargs)
+            output = self.call(*run)
         except Exception as exc:
             problem = f"raised {type(exc).__name__}: {exc}"
         else:
-            problem = call_problem(output, expected, bound)
+            problem = write_problem(output, before) or call_problem(output, expected, bound)
         if problem is None:
             self.checked_signatures.add(signature)
+            if loose != signature:
+                count = self.number_values[loose] = self.number_values.get(loose, 0) + 1
+                if count >= MAX_NUMBER_VALUES:
+                    self.checked_signatures.add(loose)
             return output
         self._refuse(problem)
-        return definition.reference(*bound)
+        if run is not bound:
+            return definition.reference(*bound)  # with gradients; the caller's are untouched
+        restore_inputs(before)
+        return expected  # computed before the implementation could write anything
 
     def _refuse(self, problem: str) -> None:
         from torchbridge.plugins import get_plugin_host

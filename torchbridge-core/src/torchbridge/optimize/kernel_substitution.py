@@ -58,6 +58,9 @@ from torchbridge.kernels.implementations import (
     first_floating_dtype,
     output_mismatch,
     relative_error,
+    restore_inputs,
+    snapshot_inputs,
+    write_problem,
 )
 from torchbridge.optimize.hf_attention import HF_ATTENTION
 from torchbridge.optimize.kernel_patterns import BUILTIN_PATTERNS, ModulePattern, grown_input
@@ -211,21 +214,31 @@ class _Recorder:
 class _Watched:
     """Wraps an implementation's kernel to compare the kind of each output (number of
     outputs, dtypes, shapes) with the reference's on the same arguments: a kernel whose
-    output the module casts (a down projection under autocast) still has it named."""
+    output the module casts (a down projection under autocast) still has it named. It also
+    holds the kernel to its rule of leaving its inputs alone (the first-use check's
+    write_problem): a kernel that scaled its input in place and returned it passed the gate
+    with "max rel error 0", the module's output compared against itself."""
 
     def __init__(self, kernel: BoundKernel, reference: BoundKernel) -> None:
         self.kernel, self.reference = kernel, reference
         self.mismatch: str | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.mismatch is not None:
+            return self.kernel(*args, **kwargs)
+        bound = bind_arguments(self.kernel.op, args, kwargs)
+        before = snapshot_inputs(self.kernel.op, bound)
+        with torch.no_grad():  # first: on the inputs as the module gave them
+            expected = self.reference(*args, **kwargs)
         out = self.kernel(*args, **kwargs)
-        if self.mismatch is None:
-            with torch.no_grad():
-                expected = self.reference(*args, **kwargs)
-            problem = output_mismatch(out, expected)
-            if problem is not None:
-                bound = bind_arguments(self.kernel.op, args, kwargs)
-                self.mismatch = f"{problem} (called with {describe_tensors(bound)})"
+        problem = write_problem(out, before)
+        if problem is not None:
+            restore_inputs(before)
+            self.mismatch = problem
+            return expected
+        problem = output_mismatch(out, expected)
+        if problem is not None:
+            self.mismatch = f"{problem} (called with {describe_tensors(bound)})"
         return out
 
 

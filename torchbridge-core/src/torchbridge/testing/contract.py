@@ -14,7 +14,8 @@ disabled).
 
 Kernels, ops and module patterns are covered too: every kernel implementation eligible on the
 backend matches its op's reference on `op_inputs` (several shapes, more than 64 rows) in
-each dtype it declares (`kernels_known_wrong` names those expected to differ); the ops
+each dtype it declares, without writing into its arguments or returning one
+(`kernels_known_wrong` names those expected to differ); the ops
 plugins declare are registered as `torch.ops.torchbridge.<name>` with a reference; each
 module pattern whose op has an implementation for the backend builds, for a module it
 matches (`pattern_modules`), inputs its op accepts and a forward equal to the module's own.
@@ -517,10 +518,15 @@ class BackendContract:
     def test_kernels_match_their_references(self, backend: torchbridge.Backend) -> None:
         """Every implementation eligible on this backend, in each dtype it declares (none
         declared: float32 and the backend's low-precision dtype), gives the reference's
-        dtype, shape and numbers (the kernel gate's tolerance) on `op_inputs`."""
+        dtype, shape and numbers (the kernel gate's tolerance) on `op_inputs`, leaves its
+        arguments unchanged and returns none of them (nor a view of one)."""
         from torchbridge.kernels import reference as op_reference
         from torchbridge.kernels.choice import choose, known_ops
-        from torchbridge.kernels.implementations import TOLERANCES
+        from torchbridge.kernels.implementations import (
+            TOLERANCES,
+            snapshot_inputs,
+            write_problem,
+        )
 
         self.needs_the_device("kernels run on the device")
         info = backend.get_device_info()
@@ -543,7 +549,8 @@ class BackendContract:
                     for args in calls:
                         torch.manual_seed(0)
                         with torch.no_grad():
-                            expected = reference(*args)
+                            expected = reference(*args)  # before the kernel can write
+                            before = snapshot_inputs(op, args)
                             try:
                                 got = kernel(*args)
                             except Exception as exc:
@@ -551,6 +558,7 @@ class BackendContract:
                                                 f"{type(exc).__name__}: {exc}")
                                 continue
                         error, misfit = _relative_error(got, expected)
+                        misfit = write_problem(got, before) or misfit
                         checked += 1
                         tol = TOLERANCES.get(dtype, 1e-4)
                         if impl.name in self.kernels_known_wrong:

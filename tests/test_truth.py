@@ -569,20 +569,19 @@ def _dial_passes(dial: _Dial, seen: list[str], moves: bool = True) -> Any:
             return model
         return apply
 
-    class Seeing(nn.Module):
-        def __init__(self, inner: nn.Module) -> None:
-            super().__init__()
-            self.inner = inner
+    from torchbridge.optimize.forward import install_forward
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def seeing(inner: Any) -> Any:
+        def forward(*args: Any, **kwargs: Any) -> Any:
             seen.append(dial.value)
-            out: torch.Tensor = self.inner(x)
-            return out
+            return inner(*args, **kwargs)
+        return forward
 
     def move(model: nn.Module, ctx: Any) -> nn.Module:
         if moves:
             dial.value = "b"
-        return Seeing(model)
+        install_forward(model, seeing)
+        return model
 
     class Plugin:
         @torchbridge.hookimpl

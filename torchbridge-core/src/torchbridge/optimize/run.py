@@ -30,6 +30,12 @@ logger = logging.getLogger("torchbridge.optimize.pipeline")
 
 def skip_reason(p: OptimizationPass, plugin: str, model: nn.Module, ctx: PassContext
                  ) -> str | None:
+    return ruled_out(p, plugin, ctx) or check_reason(p, model, ctx)
+
+
+def ruled_out(p: OptimizationPass, plugin: str, ctx: PassContext) -> str | None:
+    """Why the pass does not run, from its declaration and the run alone (no call into the
+    plugin), or None."""
     if p.veto_reason is not None:
         return f"vetoed by plugin {plugin}: {p.veto_reason}"
     if p.name in ctx.config.optimization.disabled_passes:
@@ -40,6 +46,11 @@ def skip_reason(p: OptimizationPass, plugin: str, model: nn.Module, ctx: PassCon
         return "model is in training mode and this pass is for inference only"
     if p.mode == "training" and not ctx.training:
         return "model is in eval mode and this pass is for training only"
+    return None
+
+
+def check_reason(p: OptimizationPass, model: nn.Module, ctx: PassContext) -> str | None:
+    """The pass's own check: None to run, else why it is skipped."""
     reason = p.check(model, ctx)
     if reason is not None and not isinstance(reason, str):
         raise TypeError(f"check returned {type(reason).__name__}, expected a reason string "
@@ -110,11 +121,17 @@ class _Uncheckable(_Unverified):
 
 
 class _Lied(Exception):
-    """A pass changed what it declared it would not."""
+    """A pass changed what it declared it would not, or what no pass may change."""
+
+
+class _CheckChanged(_Lied):
+    """A pass's check changed the model or a process-wide setting: a check only looks."""
 
 
 def _lie(p: OptimizationPass, changes: ModelChanges) -> str | None:
-    """What the pass changed against its own declaration, or None."""
+    """What the pass changed against its own declaration or what a prepared model keeps
+    whatever the pass declared (the training flags, the class and state_dict keys), or
+    None."""
     declared = process.declared_names(p.settings)
     problems = [f"changed the process-wide setting {name} ({before!r} -> {after!r}) without "
                 "declaring it in OptimizationPass.settings"
@@ -123,7 +140,21 @@ def _lie(p: OptimizationPass, changes: ModelChanges) -> str | None:
     if not p.mutates and changes.mutated:
         problems.append("declared mutates=False but changed " + ModelChanges(
             tensors=changes.tensors, structure=changes.structure).describe())
+    if changes.training:
+        # The checks on the sample input run in eval mode: dropout switched on passes them.
+        problems.append("changed " + ModelChanges(training=changes.training).describe() +
+                        " (prepare_model hands the model back in the mode it was given)")
+    if changes.unlike:
+        problems.append("; ".join(changes.unlike) + " (a prepared model keeps the class and "
+                        "the state_dict keys of the model given)")
     return "; ".join(problems) or None
+
+
+def _check_changed(changes: ModelChanges) -> str | None:
+    """What a check changed, or None. Plain attributes are left out, as they are for
+    apply: running the model may change them (a call counter)."""
+    looked = dataclasses.replace(changes, attributes=[])
+    return f"its check changed {looked.describe()}" if looked else None
 
 
 def _state_changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
@@ -188,36 +219,48 @@ class Run:
             self.have_reference = True
         result, ctx = self.result, self.ctx
         started = time.perf_counter()
-        try:
-            reason = skip_reason(p, plugin, self.work, ctx)
-        except Exception as exc:
-            self._failed(plugin, p, exc, time.perf_counter() - started)
-            return
+        reason = ruled_out(p, plugin, ctx)
         if reason is not None:
-            result.passes.append(PassRecord(p.name, "skipped", reason, plugin,
-                                            time.perf_counter() - started))
-            logger.info("pass %s (plugin %s) skipped: %s", p.name, plugin, reason)
+            self._skipped(plugin, p, reason, started)
             return
+        # The snapshot comes before the pass's check: a check that changes the model (a
+        # probe that leaves a weight scaled) is this pass's failure and is undone, instead
+        # of shipping, or of being found by a later pass's comparison (its snapshot reuses
+        # the copies saved before the check for the tensors found unchanged) and blamed
+        # on that pass.
         before = ModelSnapshot(self.work, watched(p.settings), self.last, self.unchanged)
         saved_state, saved_notes = _copy_state(ctx.state), len(ctx.notes)
         try:
-            assert p.apply is not None
-            out = p.apply(self.work, ctx)
-            if not isinstance(out, nn.Module):
-                raise TypeError(f"apply returned {type(out).__name__}, expected the "
-                                "nn.Module it was given or its replacement")
+            reason = check_reason(p, self.work, ctx)
+            if reason is None:
+                assert p.apply is not None
+                out = p.apply(self.work, ctx)
+                if not isinstance(out, nn.Module):
+                    raise TypeError(f"apply returned {type(out).__name__}, expected the "
+                                    "nn.Module it was given or its replacement")
+            else:
+                out = self.work
+            # One comparison a pass: where the check lets the pass run, the comparison
+            # after apply covers what check and apply changed, both the pass's.
             changes = before.changes(out)
-            lie = _lie(p, changes)
-            if lie is not None:
-                raise _Lied(lie)
-            if p.effect is None and not changes and \
-                    not _state_changed(saved_state, ctx.state):
-                raise PassSkipped("apply changed nothing: not the model, not a process-wide "
-                                  "setting, not the run's state")
-            check = p.output_check or self.output_check
-            if self.have_reference and (changes.model or changes.settings):
-                _verify(out, self.call, self.reference, self.tolerance,  # type: ignore[arg-type]
-                        check)
+            if reason is not None:
+                looked = _check_changed(changes)
+                if looked is not None:
+                    raise _CheckChanged(looked)
+            else:
+                lie = _lie(p, changes)
+                if lie is not None:
+                    raise _Lied(lie)
+                # A pass with an `effect` check is taken at that check's word, at the end:
+                # its effect may live outside what the snapshot sees (a device runtime).
+                if p.effect is None and not changes and \
+                        not _state_changed(saved_state, ctx.state):
+                    raise PassSkipped("apply changed nothing: not the model, not a "
+                                      "process-wide setting, not the run's state")
+                check = p.output_check or self.output_check
+                if self.have_reference and (changes.model or changes.settings):
+                    _verify(out, self.call, self.reference,  # type: ignore[arg-type]
+                            self.tolerance, check)
         except BaseException as exc:
             ctx.state.clear()
             ctx.state.update(saved_state)
@@ -234,14 +277,23 @@ class Run:
                 raise
             self._failed(plugin, p, exc, time.perf_counter() - started)
             return
-        self.work = out
         self.last, self.unchanged = before, changes.unchanged
+        if reason is not None:
+            self._skipped(plugin, p, reason, started)
+            return
+        self.work = out
         self.applied.append(_Applied(plugin, p, before, changes, len(result.passes),
                                      self.output_check))
         self.output_check = check
         seconds = time.perf_counter() - started
         result.passes.append(PassRecord(p.name, "applied", p.description, plugin, seconds))
         logger.info("pass %s (plugin %s) applied in %.2f s", p.name, plugin, seconds)
+
+    def _skipped(self, plugin: str, p: OptimizationPass, reason: str, started: float
+                 ) -> None:
+        self.result.passes.append(PassRecord(p.name, "skipped", reason, plugin,
+                                             time.perf_counter() - started))
+        logger.info("pass %s (plugin %s) skipped: %s", p.name, plugin, reason)
 
     def _failed(self, plugin: str, p: OptimizationPass, exc: BaseException,
                 seconds: float = 0.0) -> None:
@@ -250,10 +302,13 @@ class Run:
                                                  seconds))
             return
         if isinstance(exc, _Lied):
-            error = f"rolled back: the pass {exc}"
+            said = f"{exc}; a check only looks" if isinstance(exc, _CheckChanged) \
+                else f"the pass {exc}"
+            error = f"rolled back: {said}"
             record = get_plugin_host().records.get(plugin)
             if record is not None:
-                record.warn(f"pass {p.name!r} {exc}")
+                record.warn(f"pass {p.name!r}: {exc}" if isinstance(exc, _CheckChanged)
+                            else f"pass {p.name!r} {exc}")
         elif isinstance(exc, _Unverified):
             error = str(exc)
         else:

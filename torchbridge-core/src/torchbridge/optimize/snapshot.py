@@ -14,7 +14,14 @@ holds (inplace=True) sees the old state, and then checks that it did: a restore 
 take is a SnapshotRestoreError, never a silent half-state.
 
 Unchanged tensors share their saved copy with the previous snapshot: a run holds one copy of
-the model's tensors plus one per version a pass created.
+the model's tensors plus one per version a pass created. That holds only while nothing
+writes to the model between the comparison that found them unchanged and the next
+snapshot: the pipeline takes a pass's snapshot before its check, and compares after a check
+that skips the pass, so that a check's write is found as that pass's.
+
+A pass that returns another object than it was given is compared with the given model as
+it was, by name: the returned model's tensors against the saved copies, its modules'
+classes and training flags, and its class and state_dict keys, which a prepared model keeps.
 """
 
 from __future__ import annotations
@@ -130,6 +137,15 @@ class TensorRecord:
         return (_layout(t) != self.layout or t.requires_grad != self.requires_grad
                 or not same_bits(t.detach(), self.saved))
 
+    def holds(self, t: torch.Tensor) -> bool:
+        """Whether another tensor (one of a model a pass returned in place of this one's)
+        holds the values saved here: class, requires_grad, dtype, shape, device, bits."""
+        if t.__class__ is not self.cls or t.requires_grad != self.requires_grad:
+            return False
+        if self.layout == () or is_lazy(t):
+            return self.layout == () and is_lazy(t)
+        return same_bits(t.detach(), self.saved)
+
 
 def _record(name: str, t: torch.Tensor, registered: bool) -> TensorRecord:
     if is_lazy(t):  # an uninitialized parameter (LazyLinear): no values to copy
@@ -167,6 +183,12 @@ class ModelChanges:
     # them (a call counter), so they are restored and checked, but are no lie.
     attributes: list[str] = field(default_factory=list)
     forward: list[str] = field(default_factory=list)
+    # Modules whose training flag changed: the mode is the caller's, and the checks on the
+    # sample input run in eval mode, where dropout switched on is not seen.
+    training: list[str] = field(default_factory=list)
+    # How a returned model is no drop-in for the one given: another class, other
+    # state_dict keys.
+    unlike: list[str] = field(default_factory=list)
     settings: dict[str, tuple[process.ProcessSetting, Any, Any]] = field(default_factory=dict)
     unchanged: set[int] = field(default_factory=set)  # ids of tensors found unchanged
 
@@ -174,7 +196,7 @@ class ModelChanges:
     def model(self) -> bool:
         """The model changed: weights, structure or how it runs."""
         return self.replaced or bool(self.tensors or self.structure or self.forward
-                                     or self.attributes)
+                                     or self.attributes or self.training)
 
     @property
     def mutated(self) -> bool:
@@ -185,24 +207,32 @@ class ModelChanges:
         return self.model or bool(self.settings)
 
     def describe(self) -> str:
-        def names(what: str, items: list[str]) -> str:
-            shown = ", ".join(items[:4]) + (f" and {len(items) - 4} more"
-                                            if len(items) > 4 else "")
-            return f"{what} {shown}"
         parts = []
         if self.tensors:
-            parts.append(names("tensors", self.tensors))
+            parts.append(f"tensors {_names(self.tensors)}")
         if self.structure:
-            parts.append(names("modules", self.structure))
+            parts.append(f"modules {_names(self.structure)}")
         if self.attributes:
-            parts.append(names("attributes of", self.attributes))
+            parts.append(f"attributes of {_names(self.attributes)}")
         if self.forward:
-            parts.append(names("the forward of", self.forward))
+            parts.append(f"the forward of {_names(self.forward)}")
+        if self.training:
+            parts.append(f"the training flag of {_names(self.training)}")
         parts += [f"{name} ({before!r} -> {after!r})"
                   for name, (_, before, after) in self.settings.items()]
         if self.replaced:
             parts.append("returned a different model object")
         return "; ".join(parts) or "nothing"
+
+
+def _names(items: list[str]) -> str:
+    return ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
+
+
+def _flipped(where: str, before: dict[str, Any], now: dict[str, Any]) -> str:
+    def mode(table: dict[str, Any]) -> str:
+        return "train" if table.get("training") else "eval"
+    return f"{where} ({mode(before)} -> {mode(now)})"
 
 
 class ModelSnapshot:
@@ -243,11 +273,13 @@ class ModelSnapshot:
         for name, module, cls, table, contents in self.modules:
             where = name or "(the model)"
             now = module.__dict__
+            if now.get("training") != table.get("training"):
+                found.training.append(_flipped(where, table, now))
             if module.__class__ is not cls:
                 found.structure.append(f"{where} (class {cls.__name__} -> "
                                        f"{module.__class__.__name__})")
                 continue
-            keys = (set(now) | set(table)) - {"_torchbridge_optimization_result"}
+            keys = (set(now) | set(table)) - {"_torchbridge_optimization_result", "training"}
             if any(now.get(k) is not table.get(k) for k in keys & FORWARD_KEYS):
                 found.forward.append(where)
             changed = [k for k in keys - FORWARD_KEYS if _differs(k, now, table, contents)]
@@ -257,11 +289,61 @@ class ModelSnapshot:
                 found.structure.append(where)
             if plain:
                 found.attributes.append(where)
+        if found.replaced:
+            self._compare_returned(result, found)
         for name, (setting, before) in self.settings.items():
             after = process.read(setting)
             if process.differs(before, after):
                 found.settings[name] = (setting, before, after)
         return found
+
+    def _compare_returned(self, result: nn.Module, found: ModelChanges) -> None:
+        """The model a pass returned in place of the given one, against the given one as it
+        was, by name: what the given model's own comparison cannot see (a copy's weights,
+        modules and training flags); and its class and state_dict keys, which a prepared
+        model keeps. The given model's own tensors and modules in it were compared already.
+        One more comparison of the returned model's values: passes that replace the model
+        are few."""
+        given_cls = self.modules[0][2]
+        if type(result) is not given_cls:
+            found.unlike.append(f"returned a {type(result).__name__} for the "
+                                f"{given_cls.__name__} it was given")
+        keys = result.state_dict(keep_vars=True)
+        given_keys = self.model.state_dict(keep_vars=True)
+        lacks = [k for k in given_keys if k not in keys]
+        adds = [k for k in keys if k not in given_keys]
+        if lacks or adds:
+            found.unlike.append("its state_dict keys differ" + (
+                f", lacking {_names(lacks)}" if lacks else "") + (
+                f", adding {_names(adds)}" if adds else ""))
+        modules = {name: (module, cls, table)
+                   for name, module, cls, table, _ in self.modules}
+        own = {id(module) for module, _, _ in modules.values()}
+        named = dict(result.named_modules(remove_duplicate=True))
+        for name, module in named.items():
+            where = name or "(the model)"
+            if id(module) in own:
+                continue
+            if name not in modules:
+                found.structure.append(f"{where} (new)")
+                continue
+            _, cls, table = modules[name]
+            if module.training != table.get("training"):
+                found.training.append(_flipped(where, table, module.__dict__))
+            if module.__class__ is not cls:
+                found.structure.append(f"{where} (class {cls.__name__} -> "
+                                       f"{module.__class__.__name__})")
+        kept = {id(module) for module in named.values()}
+        found.structure += [f"{name} (gone)" for name, (module, _, _) in modules.items()
+                            if name not in named and id(module) not in kept]
+        records = {r.name: r for r in self.tensors}
+        own_tensors = {id(r.tensor) for r in self.tensors}
+        for name, t, registered in _named_tensors(result):
+            if id(t) in own_tensors:
+                continue
+            record = records.get(name)
+            if record is None or not record.holds(t):
+                (found.tensors if registered else found.attributes).append(name)
 
     def restore(self, *, after_timing: bool = False) -> None:
         """The model and the watched settings exactly as they were; raises

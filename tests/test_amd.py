@@ -71,7 +71,7 @@ class FakeGPUs:
                  build: tuple[str, ...] = BUILD) -> None:
         self.props = props(gpu)
         self.build = build
-        self.free = self.props.total_memory - 2 * GB
+        self.free: int | None = None  # None: 2 GB under the total of the props in use
         self.telemetry: dict[str, float | None] | None = None
         self.flash_built = True
         monkeypatch.setattr(probe, "probe", lambda: ProbeResult(True, count, None))
@@ -80,7 +80,9 @@ class FakeGPUs:
         # ROCm 7.0: torch's FP8 gate allows gfx950 from 6.5 and its MX formats from 7.0.
         monkeypatch.setattr(probe, "hip_version", lambda: "7.0.51831")
         monkeypatch.setattr(probe, "flash_attention_built", lambda: self.flash_built)
-        monkeypatch.setattr(probe, "mem_get_info", lambda i: (self.free, self.props.total_memory))
+        monkeypatch.setattr(probe, "mem_get_info", lambda i: (
+            self.props.total_memory - 2 * GB if self.free is None else self.free,
+            self.props.total_memory))
         monkeypatch.setattr(probe, "allocator_counters", lambda i: (GB, 2 * GB, 3 * GB))
         monkeypatch.setattr(probe, "gpu_telemetry", lambda i, bus: self.telemetry)
         monkeypatch.delenv("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL", raising=False)
@@ -155,7 +157,6 @@ def test_rdna2_has_fp16_but_not_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeGPUs(monkeypatch, "MI210")
     for gcn in ("gfx1030", "gfx1031", "gfx1032"):
         fake.props = ROCmProperties("Radeon RX 6000", gcn, 40, 12 * GB)
-        fake.free = 10 * GB  # within its 12 GB: more free than total is refused
         info = torchbridge.get_backend("rocm").get_device_info()
         assert info.extra["family"] == "rdna2"
         assert info.supported_dtypes == ["float32", "float16"]
@@ -393,7 +394,8 @@ def test_memory_stats_fraction_and_pool_limits(monkeypatch: pytest.MonkeyPatch) 
 
     fake = FakeGPUs(monkeypatch, "MI250X", count=2)
     stats = torchbridge.get_backend("rocm").get_memory_stats()
-    assert (stats.total_bytes, stats.free_bytes) == (fake.props.total_memory, fake.free)
+    assert (stats.total_bytes, stats.free_bytes) == (fake.props.total_memory,
+                                                   fake.props.total_memory - 2 * GB)
     assert (stats.allocated_bytes, stats.reserved_bytes, stats.peak_allocated_bytes) == \
         (GB, 2 * GB, 3 * GB)
     calls: list[tuple[float, torch.device]] = []

@@ -249,3 +249,39 @@ def test_the_fp8_linear_kernel_is_not_chosen_on_a_gpu_the_plugin_does_not_know(
     reasons = [c.reason for c in choice.candidates
                if c.implementation.name == "cuda_fp8_linear_e4m3"]
     assert reasons and "the device is unknown" in str(reasons[0])
+
+
+def test_the_transformer_engine_path_keeps_the_models_class(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # It returned a wrapper module, which a pass may not (a prepared model keeps the class
+    # and state_dict keys of the model given): fp8_linear would be rolled back wherever
+    # Transformer Engine is installed. A recorded stand-in for transformer_engine.pytorch.
+    import contextlib
+    import copy
+
+    from torchbridge_nvidia import fp8
+
+    entered: list[bool] = []
+
+    class FakeTE:
+        class Linear(nn.Linear):
+            def __init__(self, n_in: int, n_out: int, bias: bool = True,
+                         params_dtype: Any = None, device: Any = None) -> None:
+                super().__init__(n_in, n_out, bias=bias, dtype=params_dtype, device=device)
+
+        @staticmethod
+        @contextlib.contextmanager
+        def fp8_autocast(enabled: bool = True) -> Any:
+            entered.append(enabled)
+            yield
+
+    monkeypatch.setattr(fp8, "_transformer_engine", lambda: FakeTE)
+    monkeypatch.setattr(fp8, "gpu_capability", lambda model: (9, 0))
+    model = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 32)).eval()
+    result = fp8.FP8Compiler().compile_with_fp8(model)
+    assert result.model is model and type(model) is nn.Sequential
+    assert isinstance(model[0], FakeTE.Linear)
+    model(torch.randn(2, 32))
+    assert entered == [True]
+    copy.deepcopy(model)(torch.randn(2, 32))  # the copy runs under it too
+    assert entered == [True, True]

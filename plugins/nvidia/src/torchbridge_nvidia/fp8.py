@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torchbridge import fp8 as core_fp8
 from torchbridge.fp8 import ALIGNMENT, FP8CompilationResult, convert_linears_to_fp8
+from torchbridge.optimize.forward import install_forward
 
 from torchbridge_nvidia.architecture import FP8_MIN_CAPABILITY
 from torchbridge_nvidia.errors import FP8CompilationError, InvalidComputeCapabilityError
@@ -42,17 +43,17 @@ def _transformer_engine() -> Any | None:
     return te
 
 
-class _TransformerEngineFP8(nn.Module):
-    """Runs a model whose linears are te.Linear inside te.fp8_autocast."""
+def under_fp8_autocast(model: nn.Module, te: Any) -> None:
+    """Runs `model` (its linears te.Linear) inside te.fp8_autocast, through a forward of its
+    own rather than a wrapper module: a prepared model keeps the class and state_dict keys
+    of the model given (a pass returning a wrapper is rolled back)."""
+    def make(inner: Any) -> Any:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            with te.fp8_autocast(enabled=True):
+                return inner(*args, **kwargs)
+        return forward
 
-    def __init__(self, module: nn.Module, te: Any) -> None:
-        super().__init__()
-        self.module = module
-        self._te = te
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with self._te.fp8_autocast(enabled=True):
-            return self.module(*args, **kwargs)
+    install_forward(model, make, lambda twin: under_fp8_autocast(twin, te))
 
 
 def _te_linear(te: Any, linear: nn.Linear) -> nn.Module:
@@ -118,7 +119,7 @@ class FP8Compiler:
             model, E4M3, make, "transformer_engine" if te else "torch._scaled_mm",
             FP8CompilationError)
         if te is not None and result.fp8_layers:
-            result.model = _TransformerEngineFP8(model, te)
+            under_fp8_autocast(model, te)
         return result
 
     @staticmethod

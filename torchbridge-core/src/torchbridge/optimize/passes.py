@@ -49,8 +49,11 @@ def _always(model: nn.Module, ctx: PassContext) -> str | None:
 class OptimizationPass:
     """A named transformation.
 
-    `check(model, ctx)` returns None when the pass applies, else the reason it is skipped.
-    `apply(model, ctx)` returns the transformed model. Passes run in ascending `order`:
+    `check(model, ctx)` returns None when the pass applies, else the reason it is skipped;
+    it only looks (a check that skips its pass after changing the model fails the pass).
+    `apply(model, ctx)` returns the transformed model: the one given, or a replacement of
+    the same class and state_dict keys (a wrapper fails the pass); no pass changes a
+    module's training flag. Passes run in ascending `order`:
     placement 0, exact rewrites 10-40, precision 60, compilation 80, after compilation 90.
     `mutates=False` says apply changes neither the weights nor the structure of the model
     (it may replace the forward: autocast, compile). The pipeline does not trust it: it

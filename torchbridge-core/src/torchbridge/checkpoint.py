@@ -95,16 +95,26 @@ def _format_of(path: Path, format: str | None, loading: bool) -> str:
     return "torch"
 
 
+def _shard_type(obj: Any) -> str | None:
+    """"DTensor" or "ShardedTensor" when `obj` holds one rank's part of a sharded tensor
+    (FSDP2's, the older FSDP's), else None. By the class's name, so that nothing of
+    torch.distributed is imported for a state that has none."""
+    for cls in type(obj).__mro__:
+        if cls.__name__ in ("DTensor", "ShardedTensor") \
+                and cls.__module__.startswith("torch.distributed"):
+            return cls.__name__
+    return None
+
+
 def _sharded(state: Any) -> tuple[str, str] | None:
-    """(key, type) of the first tensor in `state` that holds one rank's part of a sharded
-    tensor (FSDP2's DTensor, the older ShardedTensor), or None. By the class's name, so
-    that nothing of torch.distributed is imported for a state that has none."""
-    for path, leaf in pytree.tree_leaves_with_path(state):
-        for cls in type(leaf).__mro__:
-            if cls.__name__ in ("DTensor", "ShardedTensor") \
-                    and cls.__module__.startswith("torch.distributed"):
-                key = ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-                return key, cls.__name__
+    """(what, type) of the first tensor in `state` that holds one rank's shard, or None;
+    `what` is its key in a state dict. Each object looked at once."""
+    for tensor in _tensors(state):
+        kind = _shard_type(tensor)
+        if kind is not None:
+            key = next((k for k, v in state.items() if v is tensor), None) \
+                if isinstance(state, dict) else None
+            return ("a tensor in it" if key is None else str(key)), kind
     return None
 
 
@@ -463,7 +473,13 @@ def load_checkpoint(path: str | os.PathLike[str], backend: Any = None,
         _check_file(path)
         remove_dead_temporaries(path.resolve().parent)
         state, size = _load_torch(path, weights_only)
-        sharded = _sharded(state)  # weights_only admits DTensors once they are imported
-        if sharded is not None:
-            raise CheckpointError(_shards_in_file(path, f"{sharded[1]}s ({sharded[0]} among them)"))
+        # weights_only admits DTensors once torch.distributed.tensor is imported. A state
+        # dict's own entries only: what a save of a sharded model wrote, without walking
+        # every object of a large or deeply shared state again.
+        shards = [(key, kind) for key, value in state.items()
+                  if (kind := _shard_type(value)) is not None] \
+            if isinstance(state, dict) else []
+        if shards:
+            key, kind = shards[0]
+            raise CheckpointError(_shards_in_file(path, f"{kind}s ({key} among them)"))
     return _place_all(state, path, size, device, dtype)

@@ -196,6 +196,31 @@ def _copy(model: nn.Module) -> nn.Module:
             "works on a copy; pass inplace=True to prepare the model itself") from exc
 
 
+def _same_tensors(name: str, context: DistributedContext, tensors: list[torch.Tensor]
+                  ) -> None:
+    """The same DistributedError on every rank unless every rank's model has the same
+    parameters and buffers (shapes, dtypes) for rank 0's to be broadcast into."""
+    import torch.distributed as dist
+
+    mine = [(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in tensors]
+    everyone: list[Any] = [None] * context.world_size
+    dist.all_gather_object(everyone, mine)
+    rank = next((r for r, theirs in enumerate(everyone) if theirs != everyone[0]), None)
+    if rank is None:
+        return
+    ours, theirs = everyone[0], everyone[rank]
+    if len(ours) != len(theirs):
+        differ = f"rank 0's has {len(ours)} parameters and buffers, rank {rank}'s {len(theirs)}"
+    else:
+        i = next(i for i, pair in enumerate(zip(ours, theirs, strict=True))
+                 if pair[0] != pair[1])
+        differ = f"parameter or buffer #{i} is {' '.join(map(str, ours[i]))} on rank 0, " \
+                 f"{' '.join(map(str, theirs[i]))} on rank {rank}"
+    raise DistributedError(f"prepare_model(distributed={name!r}): the ranks were given "
+                           f"different models ({differ}); build the same model on every "
+                           "rank, for rank 0's weights to be broadcast into")
+
+
 def _outcome(result: OptimizationResult | None, error: Exception | None) -> dict[str, Any]:
     """What a rank tells the others of its run: its error, or the passes it kept, each
     pass's record and its parameters' dtypes."""
@@ -261,7 +286,9 @@ def _prepare_every_rank(name: str, backend: Backend, model: nn.Module, level: An
     # compiles the weights it sees into the graph as constants, so each rank computed with
     # its own weights while its parameters held rank 0's.
     work = model if inplace else _copy(model)
-    broadcast_from_rank0([*work.parameters(), *work.buffers()], context.device)
+    tensors = [*work.parameters(), *work.buffers()]
+    _same_tensors(name, context, tensors)
+    broadcast_from_rank0(tensors, context.device)
     timer = _Rank0Timings(context.rank, fastest.default_timer(backend.synchronize))
     result: OptimizationResult | None = None
     error: Exception | None = None

@@ -82,3 +82,12 @@ def test_possible_answers_pass(reload_plugins: None) -> None:
     backend = torchbridge.get_backend("odd")
     assert backend.get_memory_stats().free_bytes == 8 * GIB
     assert backend.get_device_info().low_precision_dtype == torch.bfloat16
+
+
+def test_an_answer_of_the_wrong_type_is_refused_before_its_figures_are_read(
+        reload_plugins: None) -> None:
+    # The impossibility checks ran before the type check: a possible MemoryStats returned
+    # by torchbridge_device_info passed as an answer.
+    torchbridge.register_plugin(_plugin(GOOD_STATS, GOOD_STATS), name="odd_types")  # type: ignore[arg-type]
+    with pytest.raises(torchbridge.DeviceError, match="returned MemoryStats, expected DeviceInfo"):
+        torchbridge.get_backend("odd").get_device_info()

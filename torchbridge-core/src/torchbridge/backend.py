@@ -54,13 +54,13 @@ def _answer_problem(hook: str) -> Callable[[Any], str | None]:
     expected = DEVICE_HOOKS[hook]
 
     def problem(result: Any) -> str | None:
+        if not isinstance(result, expected):
+            return f"returned {type(result).__name__}, expected {expected.__name__} or None"
         if isinstance(result, MemoryStats):
-            return _impossible_memory(result)
+            return impossible_memory_stats(result)
         if isinstance(result, DeviceInfo):
-            return _impossible_description(result)
-        if isinstance(result, expected):
-            return None
-        return f"returned {type(result).__name__}, expected {expected.__name__} or None"
+            return impossible_device_info(result)
+        return None
     return problem
 
 
@@ -68,8 +68,8 @@ def _answer_problem(hook: str) -> Callable[[Any], str | None]:
 # over the total made doctor print "free 64.00 GiB, total 16.00 GiB" with health ok, a free
 # figure in MiB made OOM protection refuse 1 MiB as if memory were short, and a dtype name
 # torch has not ("bf16") failed in another plugin's pass. (The contract suite checks more:
-# these are the checks that cannot be wrong for any real device.)
-def _impossible_memory(stats: MemoryStats) -> str | None:
+# these are the checks that cannot be wrong for any real device, and it runs them too.)
+def impossible_memory_stats(stats: MemoryStats) -> str | None:
     for name in ("allocated", "reserved", "peak_allocated", "free", "total"):
         value = getattr(stats, f"{name}_bytes")
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -81,7 +81,7 @@ def _impossible_memory(stats: MemoryStats) -> str | None:
     return None
 
 
-def _impossible_description(info: DeviceInfo) -> str | None:
+def impossible_device_info(info: DeviceInfo) -> str | None:
     unknown = [d for d in info.supported_dtypes
                if not isinstance(getattr(torch, str(d), None), torch.dtype)]
     if unknown:

@@ -110,7 +110,8 @@ def test_core_modules_form_no_import_cycle() -> None:
 
 LAYERS = [
     {"torchbridge.errors", "torchbridge.types", "torchbridge.hookspecs",
-     "torchbridge.trees", "torchbridge.suggestions", "torchbridge.cpu_features"},
+     "torchbridge.trees", "torchbridge.suggestions", "torchbridge.cpu_features",
+     "torchbridge.tensor_bits"},
     # The Triton kernels need only the errors; whatever wraps them as ops sits above.
     {"torchbridge.kernels.triton._launch"},
     {"torchbridge.kernels.triton.rms_norm", "torchbridge.kernels.triton.silu_mul",

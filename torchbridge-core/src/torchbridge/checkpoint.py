@@ -95,7 +95,7 @@ def _format_of(path: Path, format: str | None, loading: bool) -> str:
     return "torch"
 
 
-def _shard_type(obj: Any) -> str | None:
+def shard_type(obj: Any) -> str | None:
     """"DTensor" or "ShardedTensor" when `obj` holds one rank's part of a sharded tensor
     (FSDP2's, the older FSDP's), else None. By the class's name, so that nothing of
     torch.distributed is imported for a state that has none."""
@@ -110,7 +110,7 @@ def _sharded(state: Any) -> tuple[str, str] | None:
     """(what, type) of the first tensor in `state` that holds one rank's shard, or None;
     `what` is its key in a state dict. Each object looked at once."""
     for tensor in _tensors(state):
-        kind = _shard_type(tensor)
+        kind = shard_type(tensor)
         if kind is not None:
             key = next((k for k, v in state.items() if v is tensor), None) \
                 if isinstance(state, dict) else None
@@ -477,7 +477,7 @@ def load_checkpoint(path: str | os.PathLike[str], backend: Any = None,
         # dict's own entries only: what a save of a sharded model wrote, without walking
         # every object of a large or deeply shared state again.
         shards = [(key, kind) for key, value in state.items()
-                  if (kind := _shard_type(value)) is not None] \
+                  if (kind := shard_type(value)) is not None] \
             if isinstance(state, dict) else []
         if shards:
             key, kind = shards[0]

@@ -35,6 +35,7 @@ from torchbridge.config_errors import (
     ENV_PREFIX,
     configuration_error,
     input_keys,
+    section_model,
     unknown_key_suggestion,
 )
 from torchbridge.errors import ConfigurationError
@@ -146,13 +147,13 @@ class ConfigSection(BaseModel):
                 raise
             # As loading reports it (_merge_sections): a ConfigurationError naming the
             # field and the section's plugin, not the validator's own exception.
-            field = ".".join((*prefix, name))
+            key = ".".join((*prefix, name))
             owner = hardware_sections().owners.get(prefix[1]) \
                 if len(prefix) > 1 and prefix[0] == "hardware" else None
             of = f" (section of plugin {owner})" if owner else ""
             raise ConfigurationError(
-                f"config {field} = {value!r} (from assignment){of}: its validator raised "
-                f"{describe(exc)}", field=field, value=value, source="assignment") from None
+                f"config {key} = {value!r} (from assignment){of}: its validator raised "
+                f"{describe(exc)}", field=key, value=value, source="assignment") from None
         root = self._root_config()
         child = getattr(self, name, None)
         if isinstance(child, ConfigSection) and self._path is not None:
@@ -185,7 +186,6 @@ class ConfigSection(BaseModel):
             child = getattr(self, name, None)
             if isinstance(child, ConfigSection):
                 child._bind_paths(f"{path}.{name}" if path else name, root)
-
 
 
 ConfigModel = ConfigSection  # the name plugins written before ConfigSection import
@@ -480,22 +480,8 @@ def _env_path(parts: tuple[str, ...], model: type[BaseModel] | None) -> tuple[st
             (key for key in keys if key.lower() == part), part)
         out.append(key)
         info = model.model_fields.get(keys.get(key, key))
-        model = _section_class(info.annotation) if info is not None else None
+        model = section_model(info.annotation) if info is not None else None
     return tuple(out)
-
-
-def _section_class(annotation: Any) -> type[BaseModel] | None:
-    """The model class of a section field (SerializeAsAny and Optional unwrapped)."""
-    if isinstance(annotation, type):
-        return annotation if issubclass(annotation, BaseModel) else None
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _section_class(arg)
-        if found is not None:
-            return found
-    origin = getattr(annotation, "__origin__", None)
-    if isinstance(origin, type) and issubclass(origin, BaseModel):
-        return origin
-    return None
 
 
 def _env_layer(environ: dict[str, str], model: type[BaseModel] | None = None

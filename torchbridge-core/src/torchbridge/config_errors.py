@@ -84,7 +84,9 @@ def _unwrap(annotation: Any) -> list[Any]:
     return [annotation]
 
 
-def _section(annotation: Any) -> type[BaseModel] | None:
+def section_model(annotation: Any) -> type[BaseModel] | None:
+    """The model class of a section field's annotation (Optional, Annotated and
+    SerializeAsAny unwrapped), or None when it names no model."""
     found = [t for t in _unwrap(annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
     return found[0] if found else None
 
@@ -178,7 +180,7 @@ def _walk(model: type[BaseModel] | None, loc: Sequence[str | int]
     info: FieldInfo | None = None
     current: Any = model
     for part in loc:
-        section = _section(current) if current is not None else None
+        section = section_model(current) if current is not None else None
         if isinstance(part, str) and section is not None:
             # pydantic names an aliased field by its alias in an error's location.
             field_name = input_keys(section).get(part, part)

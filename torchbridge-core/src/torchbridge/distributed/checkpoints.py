@@ -30,7 +30,7 @@ from typing import Any
 
 from torch import nn
 
-from torchbridge.checkpoint import load_checkpoint, save_checkpoint
+from torchbridge.checkpoint import load_checkpoint, save_checkpoint, shard_type
 from torchbridge.distributed import manifest
 from torchbridge.distributed.context import current_context
 from torchbridge.distributed.dcp_safe import (
@@ -115,14 +115,10 @@ def _from_rank0(value: Any) -> Any:
 def _buffers_from_rank0(inner: nn.Module) -> None:
     """Rank 0's buffers on every rank (FSDP2 leaves buffers whole; one sharded all the
     same is a part of every rank's, left as it is)."""
-    buffers = [b for b in inner.buffers() if not _is_sharded(b)]
+    buffers = [b for b in inner.buffers() if shard_type(b) is None]
     context = current_context()
     device = context.device if context is not None else None
     broadcast_from_rank0(buffers, device)
-
-
-def _is_sharded(tensor: Any) -> bool:
-    return any(cls.__name__ == "DTensor" for cls in type(tensor).__mro__)
 
 
 def _check_keep_last(keep_last: int | None) -> None:

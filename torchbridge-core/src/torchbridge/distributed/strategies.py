@@ -19,7 +19,6 @@ dtype, as without FSDP.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -29,7 +28,7 @@ import torch
 from torch import nn
 
 from torchbridge.distributed.context import DistributedContext, current_context
-from torchbridge.errors import DistributedError, ModelOptimizationError
+from torchbridge.errors import DistributedError
 from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize.report import OptimizationResult, PassRecord, attach_result
 from torchbridge.wrapped import unwrap
@@ -187,15 +186,6 @@ class _Rank0Timings:
         self.figures, self.received = box[0] or {}, True
 
 
-def _copy(model: nn.Module) -> nn.Module:
-    try:
-        return copy.deepcopy(model)
-    except Exception as exc:
-        raise ModelOptimizationError(
-            f"the model cannot be deep-copied ({type(exc).__name__}: {exc}), and prepare_model "
-            "works on a copy; pass inplace=True to prepare the model itself") from exc
-
-
 def _same_tensors(name: str, context: DistributedContext, tensors: list[torch.Tensor]
                   ) -> None:
     """The same DistributedError on every rank unless every rank's model has the same
@@ -275,7 +265,7 @@ def _prepare_every_rank(name: str, backend: Backend, model: nn.Module, level: An
     """The level's passes on this rank, from rank 0's weights, with rank 0's timings; the
     same outcome on every rank, or a DistributedError on every rank."""
     from torchbridge.optimize import fastest
-    from torchbridge.optimize.pipeline import run_pipeline
+    from torchbridge.optimize.pipeline import copy_model, run_pipeline
 
     # The first call is never timed: the wrapper changes the model before it, and each rank
     # would decide on its own timing.
@@ -285,7 +275,7 @@ def _prepare_every_rank(name: str, backend: Backend, model: nn.Module, level: An
     # Rank 0's weights before the passes, not only in the wrapper: O3's inference freezing
     # compiles the weights it sees into the graph as constants, so each rank computed with
     # its own weights while its parameters held rank 0's.
-    work = model if inplace else _copy(model)
+    work = model if inplace else copy_model(model, "prepare_model works on a copy")
     tensors = [*work.parameters(), *work.buffers()]
     _same_tensors(name, context, tensors)
     broadcast_from_rank0(tensors, context.device)

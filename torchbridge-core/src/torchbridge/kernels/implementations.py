@@ -28,6 +28,7 @@ import torch
 
 import torchbridge.kernels.ops as ops_module
 from torchbridge.errors import KernelError
+from torchbridge.tensor_bits import same_bits
 
 logger = logging.getLogger(__name__)
 
@@ -371,16 +372,6 @@ def _storage(t: torch.Tensor) -> int | None:
         return None
 
 
-def _unchanged(t: torch.Tensor, copy: torch.Tensor) -> bool:
-    if t.shape != copy.shape:  # resized where it is
-        return False
-    if torch.equal(t, copy):
-        return True
-    # torch.equal is False wherever both hold NaN.
-    return (t.is_floating_point() or t.is_complex()) and bool(
-        ((t == copy) | (t.isnan() & copy.isnan())).all())
-
-
 @dataclass
 class InputSnapshot:
     """An op call's tensor arguments as they were before an implementation ran, for
@@ -405,7 +396,10 @@ def snapshot_inputs(op: str, args: Sequence[Any], limit: int | None = None,
                 version: int | None = t._version
             except RuntimeError:  # an inference tensor: its values are compared, if copied
                 version = None
-            small = limit is None or t.numel() * t.element_size() <= limit
+            # Values are compared bit for bit (same_bits), which a sparse or other
+            # non-strided layout may not allow: those keep their version counter only.
+            small = (limit is None or t.numel() * t.element_size() <= limit) and \
+                t.layout == torch.strided
             copy = sources[i][1] if sources is not None else \
                 t.detach().clone() if small else None
             tensors.append((name, t, version, copy))
@@ -417,7 +411,7 @@ def _written(snapshot: InputSnapshot) -> list[str]:
     or the values written back as they were) a version counter that moved. A view shares its
     base's counter, so q, k and v sliced from one tensor move together: values name which."""
     changed = [name for name, t, _, copy in snapshot.tensors
-               if copy is not None and not _unchanged(t, copy)]
+               if copy is not None and not same_bits(t, copy)]
     return changed or [name for name, t, version, _ in snapshot.tensors
                        if version is not None and t._version != version]
 
@@ -448,7 +442,7 @@ def restore_inputs(snapshot: InputSnapshot) -> None:
     writing moves a tensor's version counter, which autograd checks its saved tensors by)."""
     with torch.no_grad():
         for _, t, _, copy in snapshot.tensors:
-            if copy is not None and not _unchanged(t, copy):
+            if copy is not None and not same_bits(t, copy):
                 try:
                     t.copy_(copy)
                 except RuntimeError:  # an inference tensor outside inference mode

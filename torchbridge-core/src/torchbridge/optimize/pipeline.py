@@ -129,7 +129,7 @@ def collect_passes(backend: Backend, level: OptimizationLevel) -> CollectedPasse
     return CollectedPasses(ordered, problems)
 
 
-def _copy(model: nn.Module, why: str) -> nn.Module:
+def copy_model(model: nn.Module, why: str) -> nn.Module:
     try:
         return copy.deepcopy(model)
     except Exception as exc:
@@ -222,10 +222,10 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     if timing:
         # O0 to time against: the caller's own model when it is untouched by the run and
         # already on the device (no copy), else a copy placed there.
-        baseline = model if not inplace and _on_device(model, backend.device) else _copy(
+        baseline = model if not inplace and _on_device(model, backend.device) else copy_model(
             model, "prepare_model times the model as given against the prepared one"
         ).to(backend.device)
-    work = model if inplace else _copy(model, "prepare_model works on a copy")
+    work = model if inplace else copy_model(model, "prepare_model works on a copy")
     result = OptimizationResult(model=work, backend=backend.name, level=level, notes=notes,
                                 quantize_mode=mode)
     ctx = PassContext(backend=backend, level=level, config=backend.config, device_info=info,

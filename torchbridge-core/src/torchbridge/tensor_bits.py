@@ -1,0 +1,47 @@
+"""Whether two tensors hold the same bits: what "unchanged" means wherever the core asks
+whether something wrote into a tensor (the pass runner's snapshots, the kernels' check that
+an implementation left its inputs alone).
+
+Bitwise, through same-width integer views for floating tensors: NaN equals itself (torch's
+== does not), -0.0 differs from 0.0 (torch's == does not see it). Wrapper subclasses
+(torchao's quantized weights) are compared by their inner tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return False
+    if a.device.type == "meta":
+        return True  # no values to compare
+    if is_traceable_wrapper_subclass(a) or is_traceable_wrapper_subclass(b):
+        return _same_subclass_bits(a, b)
+    try:
+        view = _INT_VIEW.get(a.element_size()) if a.is_floating_point() else None
+        if view is not None:
+            return torch.equal(a.view(view), b.view(view))
+        return torch.equal(a, b)
+    except Exception:  # a layout torch cannot compare (sparse, quantized): by identity
+        return a is b
+
+
+def _same_subclass_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Wrapper subclasses (torchao's quantized weights): the same class, metadata and inner
+    tensors bit for bit; torch.equal has no kernel for most of them, and comparing by
+    identity would take every quantized weight for a changed one."""
+    if type(a) is not type(b):
+        return False
+    names_a, meta_a = a.__tensor_flatten__()  # type: ignore[attr-defined]
+    names_b, meta_b = b.__tensor_flatten__()  # type: ignore[attr-defined]
+    try:
+        same_meta = bool(meta_a == meta_b)
+    except Exception:
+        same_meta = meta_a is meta_b
+    return same_meta and list(names_a) == list(names_b) and all(
+        same_bits(getattr(a, n), getattr(b, n)) for n in names_a)

@@ -126,10 +126,54 @@ def _prepare_scenarios(ctx: Any, strategy: str, found: dict[str, Any]) -> None:
     # Another shape on rank 1: nothing to broadcast rank 0's weights into.
     found["shapes"] = _error(lambda: ctx.backend.prepare_model(
         nn.Linear(4, 4 + ctx.rank), "O0", distributed="ddp"))
+    found["setting"] = _setting_left_after_a_failure(ctx, x)
     # strict: the check fails on rank 1 alone. Last: on a rank that raises alone, the
     # others are left in DDP's constructor.
     found["strict"] = _error(lambda: ctx.backend.prepare_model(
         Centered(), "O2", sample_input=batch, distributed="ddp", strict=True))
+
+
+def _setting_left_after_a_failure(ctx: Any, x: torch.Tensor) -> dict[str, Any]:
+    """inplace=True, a pass sets a process-wide setting on every rank, another fails on
+    rank 1 (strict): every rank raises; rank 0, whose own run succeeded, puts the setting
+    back, and every rank's model is as it was given."""
+    from torchbridge.optimize.settings import environment_setting
+
+    variable = "TB_TEST_PROCESS_SETTING"
+    setting = environment_setting(variable, "read once by the whole process")
+
+    def sets(m: nn.Module, c: Any) -> nn.Module:
+        os.environ[variable] = "on"
+        return m
+
+    def fails_on_rank1(m: nn.Module, c: Any) -> nn.Module:
+        if ctx.rank == 1:
+            raise RuntimeError("rank 1's own failure")
+        return m
+
+    class Plugin:
+        @torchbridge.hookimpl
+        def torchbridge_optimization_passes(self, backend: Any, level: Any) -> list[Any]:
+            o1 = torchbridge.OptimizationLevel.O1
+            return [torchbridge.OptimizationPass("sets_setting", "sets a process setting",
+                                                 o1, sets, settings=(setting,), order=56),
+                    torchbridge.OptimizationPass("fails_on_rank1", "fails on rank 1", o1,
+                                                 fails_on_rank1, order=57)]
+
+    torch.manual_seed(200 + ctx.rank)  # each rank its own weights, until the broadcast
+    model = mlp().eval()
+    own = {k: v.clone() for k, v in model.state_dict().items()}
+    torchbridge.register_plugin(Plugin(), name="settings_on_two_ranks")
+    try:
+        error = _error(lambda: ctx.backend.prepare_model(
+            model, "O2", sample_input=x, distributed="ddp", strict=True, inplace=True))
+    finally:
+        torchbridge.unregister_plugin("settings_on_two_ranks")
+    now = model.state_dict()
+    return {"error": error, "left": os.environ.get(variable),
+            "own_weights": list(now) == list(own)
+            and all(torch.equal(now[k], v) for k, v in own.items()),
+            "own_forward": not any("forward" in m.__dict__ for m in model.modules())}
 
 
 def _checkpoint_scenarios(ctx: Any, strategy: str, out: Path, found: dict[str, Any]) -> None:
@@ -294,6 +338,21 @@ def test_a_pass_failing_on_one_rank_raises_on_every_rank_naming_it(
     assert error is not None and error.startswith("DistributedError")
     assert "failed on rank 1: ModelOptimizationError: pass 'autocast'" in error
     assert "rank 0:" not in error
+
+
+@pytest.mark.slow
+def test_a_failure_on_one_rank_leaves_every_rank_as_it_was(
+        prepared_on_two_ranks: Callable[[str], list[dict[str, Any]]]) -> None:
+    """inplace=True: rank 0's run succeeded and set a process-wide setting; rank 1's
+    failed. Before: rank 0 raised the DistributedError with the setting left changed and
+    its model prepared (autocast's forward), and rank 1's model held rank 0's weights."""
+    zero, one = (rank["setting"] for rank in prepared_on_two_ranks("ddp"))
+    assert zero["error"] == one["error"]
+    assert zero["error"].startswith("DistributedError")
+    assert "rank 1: ModelOptimizationError" in zero["error"]
+    assert (zero["left"], one["left"]) == (None, None), (zero, one)
+    assert zero["own_weights"] and one["own_weights"]
+    assert zero["own_forward"] and one["own_forward"]
 
 
 @pytest.mark.slow

@@ -218,6 +218,28 @@ def test_a_pass_that_returns_a_wrapper_is_rolled_back(reload_plugins: None,
     assert list(result.model.state_dict()) == list(given.state_dict())
 
 
+def adds_a_key_then_returns_a_copy(m: nn.Module, ctx: PassContext) -> nn.Module:
+    m.register_buffer("extra", torch.zeros(1))
+    return copy.deepcopy(m)
+
+
+def test_a_replacement_is_compared_with_the_keys_the_model_had_before_the_pass(
+        reload_plugins: None) -> None:
+    """A pass that adds a key to the given model in place and returns a copy holding it:
+    the copy is no drop-in for the model as given. Before: its keys were read from the
+    given model after the pass, so they matched, and the pass was applied."""
+    register("adds_key", OptimizationPass("adds_key", "adds a buffer, returns a copy", O1,
+                                          adds_a_key_then_returns_a_copy, order=56))
+    given = model()
+    keys = list(given.state_dict())
+    result = torchbridge.get_backend("cpu").optimize(given, "O1",
+                                                     sample_input=torch.randn(4, 16))
+    record = records(result)["adds_key"]
+    assert record.status == "failed"
+    assert "its state_dict keys differ, adding extra" in record.detail
+    assert list(result.model.state_dict()) == keys
+
+
 # -- the training flag --------------------------------------------------------------------
 
 @pytest.mark.parametrize("which", ["model", "dropout"])

@@ -266,6 +266,7 @@ def _prepare_every_rank(name: str, backend: Backend, model: nn.Module, level: An
     same outcome on every rank, or a DistributedError on every rank."""
     from torchbridge.optimize import fastest
     from torchbridge.optimize.pipeline import copy_model, run_pipeline
+    from torchbridge.optimize.snapshot import ModelSnapshot
 
     # The first call is never timed: the wrapper changes the model before it, and each rank
     # would decide on its own timing.
@@ -276,6 +277,9 @@ def _prepare_every_rank(name: str, backend: Backend, model: nn.Module, level: An
     # compiles the weights it sees into the graph as constants, so each rank computed with
     # its own weights while its parameters held rank 0's.
     work = model if inplace else copy_model(model, "prepare_model works on a copy")
+    # With inplace=True the caller's model is changed by the broadcast and the passes: on a
+    # DistributedError it is put back as it was given.
+    given = ModelSnapshot(work) if inplace else None
     tensors = [*work.parameters(), *work.buffers()]
     _same_tensors(name, context, tensors)
     broadcast_from_rank0(tensors, context.device)
@@ -289,7 +293,22 @@ def _prepare_every_rank(name: str, backend: Backend, model: nn.Module, level: An
     except Exception as exc:  # every rank hears of it before anyone raises
         error = exc
     timer.exchange()
-    _agree(name, context, _outcome(result, error), error)
+    try:
+        _agree(name, context, _outcome(result, error), error)
+    except DistributedError:
+        if given is not None:
+            given.restore()
+        if result is None:
+            raise
+        # This rank's run succeeded and changed process-wide settings for a model that is
+        # not returned: put them back, as a failed run's are. The error stays the same on
+        # every rank; what could not be put back is this rank's own, so it is logged.
+        problems = result.restore_process_settings()
+        if problems:
+            logger.warning("prepare_model(distributed=%r) failed; rank %d's own run had "
+                           "succeeded, and of the process-wide settings it changed these "
+                           "stay: %s", name, context.rank, "; ".join(problems))
+        raise
     assert result is not None
     result.notes.append(f"{name}: rank 0's parameters and buffers were broadcast to every "
                         "rank before the passes ran, and every rank kept the same passes")

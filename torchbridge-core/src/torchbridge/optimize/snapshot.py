@@ -213,6 +213,9 @@ class ModelSnapshot:
         self.model = model
         self.modules = [(name, m, m.__class__, dict(m.__dict__), _contents(m.__dict__))
                         for name, m in model.named_modules(remove_duplicate=True)]
+        # The keys as they were: a pass may change the given model's keys in place and
+        # return a replacement with the changed ones, which must not count as kept.
+        self.state_keys = list(model.state_dict(keep_vars=True)) if tensors else None
         reuse = {id(r.tensor): r for r in previous.tensors} \
             if previous is not None and unchanged else {}
         self.tensors: list[TensorRecord] = []
@@ -275,7 +278,8 @@ class ModelSnapshot:
             found.unlike.append(f"returned a {type(result).__name__} for the "
                                 f"{given_cls.__name__} it was given")
         keys = result.state_dict(keep_vars=True)
-        given_keys = self.model.state_dict(keep_vars=True)
+        given_keys = self.state_keys if self.state_keys is not None \
+            else list(self.model.state_dict(keep_vars=True))
         lacks = [k for k in given_keys if k not in keys]
         adds = [k for k in keys if k not in given_keys]
         if lacks or adds:

@@ -334,6 +334,19 @@ def test_an_output_of_zeros_beside_others_does_not_fail_the_cosine() -> None:
     assert accuracy((logits, torch.zeros(4, 3)), (logits, torch.ones(4, 3)))[0] == 0.0
 
 
+def test_a_small_output_beside_a_large_one_is_compared_on_its_own() -> None:
+    # A regression value at 1e-3 beside logits at 1e4 is an output, not zeros: it was
+    # once left out of the cosine, and a ruined one passed the gate.
+    logits = 1e4 * torch.randn(32, 10, generator=torch.Generator().manual_seed(0))
+    value = 1e-3 * torch.rand(32, 1, generator=torch.Generator().manual_seed(1)) + 1e-4
+    ruined = value.flip(0)
+    cosine, agreement = accuracy((logits, value), (logits, ruined))
+    assert cosine == pytest.approx(torch.nn.functional.cosine_similarity(
+        value.flatten().double(), ruined.flatten().double(), dim=0).item(), abs=1e-6)
+    assert cosine < 0.99 and agreement == 1.0
+    assert accuracy((logits, value), (logits, value.clone()))[0] == pytest.approx(1.0)
+
+
 def test_a_nan_the_reference_does_not_have_fails_the_cosine() -> None:
     # max(-1, min(1, nan)) is 1.0 in Python: the gate once passed a NaN output as cosine 1.
     reference = torch.tensor([[1.0, 2.0], [3.0, 4.0]])

@@ -134,6 +134,11 @@ def test_validate_reports_a_backend_that_cannot_run(no_cuda_reason: str) -> None
     assert no_cuda_reason in (report.results[1].error or "")
     with pytest.raises(ValueError, match="at least two backends"):
         torchbridge.validate(model(), torch.randn(2, 16), backends=["cpu"])
+    # Compared with itself, a backend passed whatever it computed.
+    cpu = torchbridge.get_backend("cpu")
+    for twice in (["cpu", "cpu"], [cpu, cpu]):
+        with pytest.raises(ValueError, match="a backend more than once"):
+            torchbridge.validate(model(), torch.randn(2, 16), backends=twice)
 
 
 def test_validate_cli_exit_status(perturbed: object, capsys: pytest.CaptureFixture[str]

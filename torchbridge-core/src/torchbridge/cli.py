@@ -134,6 +134,10 @@ def _backend_list(text: str) -> list[str]:
             parse_backend_spec(name)
         except DeviceError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:  # a backend compared with itself would pass whatever it computes
+        raise argparse.ArgumentTypeError(f"{', '.join(twice)} named more than once in "
+                                         f"{text!r}: name each backend once")
     return names
 
 

@@ -115,10 +115,37 @@ def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 
 
 def _shape(shape: Sequence[int] | torch.Size | int) -> tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    if not all(isinstance(d, int) and d >= 0 for d in dims):
-        raise ValueError(f"shape must be non-negative integers, got {shape!r}")
+    try:
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    except TypeError:  # 2.5: no int and nothing to iterate
+        dims = (shape,)  # type: ignore[assignment]
+    # A bool is an int to isinstance, but torch.empty refuses it: (True, 3) is no shape.
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+        raise ConfigurationError(f"shape must be non-negative integers, got {shape!r}",
+                                 field="shape", value=shape)
     return dims
+
+
+# What torch makes of Python's scalar types where it takes them for a dtype.
+_PYTHON_TYPES = {bool: "torch.bool", int: "torch.int64", float: "torch.float64",
+                 complex: "torch.complex128"}
+
+
+def _dtype(dtype: object) -> torch.dtype:
+    """`dtype` if it is a torch.dtype; else a ConfigurationError naming it (a name such as
+    "float32" or Python's float is not one)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, type):
+        shown = f"the Python type {dtype.__name__}"
+        meant = _PYTHON_TYPES.get(dtype)
+    else:
+        shown = f"{dtype!r} of type {type(dtype).__name__}"
+        meant = f"torch.{dtype}" if isinstance(dtype, str) and \
+            isinstance(getattr(torch, dtype, None), torch.dtype) else None
+    hint = f"; did you mean {meant}?" if meant else ""
+    raise ConfigurationError(f"dtype must be a torch.dtype such as torch.float32, got "
+                             f"{shown}{hint}", field="dtype", value=dtype)
 
 
 @dataclass
@@ -126,7 +153,7 @@ class PoolStats:
     hits: int = 0
     misses: int = 0
     dropped: int = 0  # returned while the pool was full, left to the allocator
-    refused: int = 0  # a view, an empty tensor, or a buffer already in a pool
+    refused: int = 0  # a view, an empty or non-contiguous tensor, a buffer already pooled
     tensors: int = 0
     bytes: int = 0  # of the pooled tensors' storages
 
@@ -136,8 +163,9 @@ def _storage_bytes(tensor: torch.Tensor) -> int:
 
 
 def _refusal(tensor: torch.Tensor) -> str | None:
-    """Why `tensor` cannot be pooled: the pool hands out whole buffers of a shape, so a
-    tensor must be its storage, all of it. A one-element view of a 200 MiB tensor would
+    """Why `tensor` cannot be pooled: the pool hands out whole buffers of a shape as they
+    are, so a tensor must be its storage, all of it, in the contiguous layout a caller of
+    allocate_tensor gets from torch.empty. A one-element view of a 200 MiB tensor would
     keep the 200 MiB alive while counting 4 bytes."""
     if not _addressable(tensor):
         # Nothing to keep or hand out again: the runtime owns the buffer.
@@ -146,10 +174,15 @@ def _refusal(tensor: torch.Tensor) -> str | None:
     storage = _storage_bytes(tensor)
     if storage == 0:
         return "it holds no memory"
-    if tensor.storage_offset() != 0 or not tensor.is_contiguous() or \
-            tensor.nbytes != storage:
+    if tensor.storage_offset() != 0 or tensor.nbytes != storage:
         return (f"it is a view ({tensor.nbytes} bytes of a {storage}-byte storage); return "
                 "the tensor that owns the storage")
+    if not tensor.is_contiguous():
+        # It is all of its storage, but allocate_tensor hands pooled tensors out as they
+        # are, and a caller asking for a shape gets torch.empty's contiguous layout.
+        return (f"it is not contiguous (stride {tuple(tensor.stride())} for shape "
+                f"{tuple(tensor.shape)}): the pool keeps contiguous tensors only, the layout "
+                "allocate_tensor hands out")
     return None
 
 
@@ -164,8 +197,9 @@ class MemoryManager:
     shape and dtype (contents are not cleared, as with torch.empty). It is bounded: at most
     `pool_max_tensors` tensors and `pool_max_bytes` bytes per pool, counted by storage; a
     tensor returned to a full pool is dropped and freed normally. A buffer is in the pools
-    at most once (a second return of it is refused), and only a tensor that is its whole
-    storage is kept (a view is refused). The pool is safe to use from several threads.
+    at most once (a second return of it is refused), and only a contiguous tensor that is
+    its whole storage is kept (a view or a transposed tensor is refused). The pool is safe
+    to use from several threads.
     """
 
     oom_error: type[OutOfMemoryError] = OutOfMemoryError
@@ -205,7 +239,12 @@ class MemoryManager:
     def check_allocation(self, nbytes: int, safety_margin: float | None = None) -> None:
         """Raise OutOfMemoryError if `nbytes` x margin exceeds free memory: the device's,
         plus what this process's allocator has reserved and does not use. Where the backend
-        cannot tell free memory the check passes and the allocator decides."""
+        cannot tell free memory the check passes and the allocator decides. A byte count
+        that is negative, not finite or not a number is a ConfigurationError."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or \
+                not 0 <= nbytes < math.inf:
+            raise ConfigurationError(f"nbytes must be a byte count >= 0, got {nbytes!r}",
+                                     field="nbytes", value=nbytes)
         margin = self._margin(safety_margin)
         stats = self.backend.get_memory_stats()
         free, why = stats.free_bytes, "not enough free memory"
@@ -235,7 +274,7 @@ class MemoryManager:
     def allocate_with_oom_protection(self, shape: Sequence[int] | torch.Size | int,
                                      dtype: torch.dtype = torch.float32,
                                      safety_margin: float | None = None) -> torch.Tensor:
-        dims = _shape(shape)
+        dims, dtype = _shape(shape), _dtype(dtype)
         if not memory_setting(self.backend, "enable_oom_protection"):
             return _allocate(dims, dtype, self.device)
         nbytes = _nbytes(dims, dtype)
@@ -272,7 +311,7 @@ class MemoryManager:
                         ) -> torch.Tensor:
         """A tensor from pool `pool_id` if one of this shape and dtype is there (a hit),
         else a new OOM-protected allocation (a miss). Contents are uninitialized."""
-        dims = _shape(shape)
+        dims, dtype = _shape(shape), _dtype(dtype)
         with self._lock:
             stats = self._stats.setdefault(pool_id, PoolStats())
             bucket = self._pools.get(pool_id, {}).get((dims, dtype))
@@ -288,8 +327,8 @@ class MemoryManager:
 
     def return_to_pool(self, tensor: torch.Tensor, pool_id: str = "default") -> bool:
         """Keep `tensor` for reuse. False when it was not kept: the pool is full (dropped),
-        or it is a view, empty, a buffer its runtime owns (XLA), or already in a pool
-        (refused)."""
+        or it is a view, empty, not contiguous, a buffer its runtime owns (XLA), or already
+        in a pool (refused)."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"return_to_pool takes a tensor, got {type(tensor).__name__}")
         if tensor.device != self.device:

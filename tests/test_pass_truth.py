@@ -317,3 +317,19 @@ def test_a_pass_without_an_effect_check_that_changes_nothing_is_skipped(
     result = torchbridge.get_backend("cpu").optimize(model(), "O1")
     record = records(result)["configures"]
     assert record.status == "skipped" and record.detail.startswith("apply changed nothing")
+
+
+# -- config optimization.disabled_passes --------------------------------------------------
+
+def test_a_disabled_pass_name_that_matches_no_pass_is_noted() -> None:
+    """A misspelt name disabled nothing, and the pass it meant ran, without a word."""
+    config = torchbridge.TorchBridgeConfig(
+        optimization={"disabled_passes": ["conv_bn_foldng", "conv_bn_folding"]})
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    result = torchbridge.get_backend("cpu", config).optimize(
+        net, "O1", sample_input=torch.randn(1, 3, 8, 8))
+    notes = [n for n in result.notes if "disabled_passes" in n]
+    assert notes == ["config optimization.disabled_passes names 'conv_bn_foldng', which no "
+                     "pass of this run has, so it disabled nothing; did you mean "
+                     "'conv_bn_folding'?"]
+    assert records(result)["conv_bn_folding"].status == "skipped"

@@ -129,6 +129,24 @@ def collect_passes(backend: Backend, level: OptimizationLevel) -> CollectedPasse
     return CollectedPasses(ordered, problems)
 
 
+def _disabled_unknown(backend: Backend, collected: CollectedPasses) -> list[str]:
+    """Notes for names in config optimization.disabled_passes that no pass of this run has:
+    a misspelt name disabled nothing, and the pass it meant ran. (A pass of a plugin not
+    installed here is no mistake: a note, not an error.)"""
+    names = sorted({p.name for _, p in collected.passes})
+    notes = []
+    for name in dict.fromkeys(backend.config.optimization.disabled_passes):
+        if name in names:
+            continue
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        notes.append(f"config optimization.disabled_passes names {name!r}, which no pass of "
+                     f"this run has, so it disabled nothing{hint}")
+    for note in notes:
+        logger.warning("%s", note)
+    return notes
+
+
 def copy_model(model: nn.Module, why: str) -> nn.Module:
     try:
         return copy.deepcopy(model)
@@ -233,6 +251,7 @@ def run_pipeline(backend: Backend, model: nn.Module, level: Any, *, sample_input
     ctx.state["measure"] = measure
     collected = collect_passes(backend, level)
     result.notes.extend(collected.problems)
+    result.notes.extend(_disabled_unknown(backend, collected))
     if strict and collected.problems:
         raise ModelOptimizationError("; ".join(collected.problems))
     run = Run(work, ctx, result, call, LEVEL_TOLERANCE[level.value], strict)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import pickle
 import pickletools
@@ -130,6 +131,34 @@ def _ddp_rank(model: Any) -> int | None:
     return dist.get_rank()
 
 
+# Passes of prepare_model that store the model's parameters in another dtype.
+_DTYPE_PASSES = ("low_precision_weights",)
+
+
+def _warn_if_precision_lowered(model: nn.Module, state: dict[str, Any], path: Any) -> None:
+    """Log a warning when prepare_model changed the dtype of `model`'s parameters: the file
+    then holds them in that dtype, which is the prepared model's state but not the
+    precision of the model it was prepared from."""
+    from torchbridge.optimize.report import optimization_result
+
+    report = optimization_result(model) or optimization_result(unwrap(model))
+    if report is None:
+        return
+    passes = [r.name for r in report.passes if r.status == "applied" and r.name in _DTYPE_PASSES]
+    if not passes:
+        return
+    counts = collections.Counter(str(t.dtype).removeprefix("torch.") for t in state.values()
+                                 if isinstance(t, torch.Tensor) and t.is_floating_point()
+                                 and t.element_size() < 4)
+    held = ", ".join(f"{n} tensors in {dtype}" for dtype, n in sorted(counts.items())) \
+        or "another dtype"
+    logger.warning(
+        "save_checkpoint %s: prepare_model applied %s to this model, so its weights and "
+        "biases are saved as it stores them (%s), not in the precision of the model it was "
+        "prepared from; save the model you prepared from to keep that precision",
+        path, " and ".join(passes), held)
+
+
 def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.PathLike[str],
                     *, format: str | None = None) -> Path:
     """Save a model's state dict (or any dict of tensors) with every tensor on the CPU.
@@ -141,6 +170,10 @@ def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.P
     never follows a link it did not create); an existing file keeps its permissions, a new
     one gets the umask's. Any failure is a CheckpointError naming the file and the cause,
     and leaves the previous file as it was.
+
+    A model whose parameters prepare_model stored in another dtype (O3's
+    low_precision_weights: bf16) is saved as it is, with a warning logged: save the model
+    you prepared from to keep its precision.
 
     A DDP model (prepare_model(distributed="ddp")) on several ranks is written by rank 0
     alone: the other ranks return at once, writing nothing. A state holding one rank's
@@ -174,6 +207,8 @@ def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.P
             "it with torchbridge.distributed.save_distributed_checkpoint(model, folder) on "
             "every rank; torchbridge.distributed.distributed_to_single_file(folder, path) "
             "then writes the single file, in one process")
+    if isinstance(model_or_state, nn.Module):
+        _warn_if_precision_lowered(model_or_state, state, path)
     try:
         cpu_state = _host_copy(state)
     except Exception as exc:
@@ -373,27 +408,111 @@ def _tensors(root: Any) -> list[torch.Tensor]:
     return found
 
 
+# Where a training checkpoint keeps the model's state dict (ours, torch's tutorials',
+# Lightning's); `dtype=` casts that entry only.
+_MODEL_ENTRIES = ("model", "model_state_dict", "state_dict")
+
+
+def _model_state(state: Any) -> Any:
+    """What `dtype=` casts: a training checkpoint's model entry, else the whole checkpoint
+    (a state dict)."""
+    if isinstance(state, dict):
+        for entry in _MODEL_ENTRIES:
+            if isinstance(state.get(entry), dict):
+                return state[entry]
+    return state
+
+
+def _path_to(root: Any, target: torch.Tensor) -> str:
+    """Where `target` sits in `root` ('model' / '0.weight'), each container looked at once."""
+    seen: set[int] = set()
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(root, ())]
+    while stack:
+        obj, keys = stack.pop()
+        if obj is target:
+            return " / ".join(repr(k) for k in keys) or "the checkpoint"
+        if id(obj) in seen or isinstance(obj, torch.Tensor):
+            continue
+        seen.add(id(obj))
+        items = obj.items() if isinstance(obj, dict) else \
+            enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+        stack.extend((value, (*keys, key)) for key, value in items)
+    return "a tensor"
+
+
+def _whole_storage(t: torch.Tensor) -> torch.Tensor:
+    """The 1-D tensor of `t`'s dtype over all of its storage."""
+    storage = t.untyped_storage()
+    flat = torch.empty(0, dtype=t.dtype)
+    flat.set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
+    return flat
+
+
+def _largest_finite(t: torch.Tensor) -> float:
+    if t.numel() == 0:
+        return 0.0
+    magnitude = t.detach().abs()
+    magnitude.nan_to_num_(nan=0.0, posinf=0.0)  # infinities stay infinities: not ours
+    return float(magnitude.max())
+
+
+def _check_range(cast: list[torch.Tensor], state: Any, dtype: torch.dtype, path: Path
+                 ) -> None:
+    """Refuse a cast that would turn a finite value into inf (float16's range ends at
+    65504; float8_e4m3fn, which has no inf, would clamp it). Small values rounding to zero
+    are ordinary rounding, not refused. Each storage is read once (a view may address far
+    more elements than its storage holds); only one holding such a value is looked at again,
+    view by view, to name the tensor."""
+    info = torch.finfo(dtype)
+    # Values under the largest finite one plus half its ulp round down to it.
+    limit = info.max + math.ldexp(info.eps, math.frexp(info.max)[1] - 2)
+    views: dict[tuple[int, int, torch.dtype], list[torch.Tensor]] = {}
+    for t in cast:
+        if t.numel() and torch.finfo(t.dtype).max >= limit:
+            storage = t.untyped_storage()
+            views.setdefault((storage.data_ptr(), storage.nbytes(), t.dtype), []).append(t)
+    for same_storage in views.values():
+        flat = _whole_storage(same_storage[0])
+        if _largest_finite(flat) < limit:
+            continue
+        for t in same_storage:
+            span = 1 + sum((n - 1) * step for n, step in zip(t.shape, t.stride(), strict=True))
+            largest = _largest_finite(flat[t.storage_offset():t.storage_offset() + span])
+            if largest < limit:
+                continue
+            became = float(torch.tensor(largest, dtype=t.dtype).to(dtype))
+            raise CheckpointError(
+                f"checkpoint {path}: {_path_to(state, t)} holds a value of magnitude "
+                f"{largest:.6g}, beyond {dtype}'s largest value {info.max:.6g}: "
+                f"dtype={dtype} would make it {became:g}; nothing was converted. Load it "
+                "without dtype= or with a dtype of wider range")
+
+
 def _place_all(state: Any, path: Path, size: int, device: torch.device | None,
                dtype: torch.dtype | None) -> Any:
-    """Cast floating tensors to `dtype` and move everything to `device`, one storage at a
-    time (views of one storage stay views of one storage), after estimating the memory."""
+    """Cast the model's floating tensors to `dtype` (other state, an optimizer's say, keeps
+    its dtypes) and move everything to `device`, one storage at a time (views of one
+    storage stay views of one storage), after estimating the memory."""
     if device is None and dtype is None:
         return state
+    cast = [t for t in _tensors(_model_state(state)) if t.is_floating_point()] \
+        if dtype is not None else []
+    cast_ids = {id(t) for t in cast}
 
     def target_dtype(t: torch.Tensor) -> torch.dtype:
-        return dtype if dtype is not None and t.is_floating_point() else t.dtype
+        return dtype if dtype is not None and id(t) in cast_ids else t.dtype
 
     def dense(t: torch.Tensor) -> bool:
         return (t.layout == torch.strided and t.device.type == "cpu" and not t.is_quantized
                 and type(t) in (torch.Tensor, nn.Parameter))
 
     need = 0
-    storages: set[tuple[int, int]] = set()
+    storages: set[tuple[int, int, torch.dtype]] = set()
     for t in _tensors(state):
         itemsize = torch.empty(0, dtype=target_dtype(t)).element_size()
         if dense(t):
             storage = t.untyped_storage()
-            key = (storage.data_ptr(), storage.nbytes())
+            key = (storage.data_ptr(), storage.nbytes(), target_dtype(t))
             if key not in storages:
                 storages.add(key)
                 need += storage.nbytes() // max(t.element_size(), 1) * itemsize
@@ -404,7 +523,10 @@ def _place_all(state: Any, path: Path, size: int, device: torch.device | None,
         raise CheckpointError(
             f"checkpoint {path} is damaged or hostile: converting it would take {need} bytes "
             f"of memory, over {limit} for a {size}-byte file; nothing was converted")
-    converted: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+    if dtype is not None:
+        _check_range([t for t in cast if dense(t)], state, dtype, path)
+    # Keyed by the dtype wanted too: a weight and an optimizer tensor may share a storage.
+    converted: dict[tuple[int, int, torch.dtype, torch.dtype], torch.Tensor] = {}
 
     def place(t: torch.Tensor) -> torch.Tensor:
         want = target_dtype(t)
@@ -420,12 +542,10 @@ def _place_all(state: Any, path: Path, size: int, device: torch.device | None,
         if want == t.dtype and device is None:
             return t
         storage = t.untyped_storage()
-        key = (storage.data_ptr(), storage.nbytes(), t.dtype)
+        key = (storage.data_ptr(), storage.nbytes(), t.dtype, want)
         base = converted.get(key)
         if base is None:
-            flat = torch.empty(0, dtype=t.dtype)
-            flat.set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
-            base = flat.to(want)
+            base = _whole_storage(t).to(want)
             if device is not None:
                 base = base.to(device)
             converted[key] = base
@@ -438,8 +558,13 @@ def load_checkpoint(path: str | os.PathLike[str], backend: Any = None,
                     dtype: torch.dtype | None = None, *, weights_only: bool = True,
                     format: str | None = None) -> Any:
     """Load a checkpoint onto `backend` (a Backend or a name such as "tpu"; None: the CPU),
-    casting floating-point tensors to `dtype` if given (integer, bool and complex tensors
-    keep their dtype).
+    casting the model's floating-point tensors to `dtype` if given: those of a training
+    checkpoint's "model" ("model_state_dict", "state_dict") entry, else every one in the
+    checkpoint (a state dict). Everything else keeps the dtype it was saved in: integer,
+    bool and complex tensors, and the optimizer's, scheduler's and other state next to the
+    model entry (Adam's float32 step counts).
+    A weight holding a finite value beyond `dtype`'s range (float16's 65504) is refused,
+    naming it, instead of becoming inf; tiny values rounding to zero are not refused.
 
     `format` is "torch" or "safetensors"; None picks safetensors for a `.safetensors` file,
     a `*.safetensors.index.json` (a sharded checkpoint) or a folder holding either, else

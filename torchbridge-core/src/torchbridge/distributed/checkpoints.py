@@ -60,6 +60,25 @@ def _one_process_quietly() -> Iterator[None]:
         yield
 
 
+def _check_optimizer(inner: nn.Module, optimizer: Any) -> None:
+    """Refuse an optimizer holding parameters `inner` does not have (built over another
+    instance of the model, say): torch's state-dict helpers fail on it with a bare
+    KeyError."""
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list):
+        raise CheckpointError(f"optimizer must be a torch.optim.Optimizer, got "
+                              f"{type(optimizer).__name__}")
+    own = {id(p) for p in inner.parameters()}
+    params = [p for group in groups for p in group["params"]]
+    foreign = sum(id(p) not in own for p in params)
+    if foreign:
+        raise CheckpointError(
+            f"{foreign} of the optimizer's {len(params)} parameters are not parameters of "
+            f"the model ({type(inner).__name__}): the optimizer was built over another "
+            "model's parameters. Build it over this model's (optimizer_class("
+            "model.parameters()))")
+
+
 def _state(inner: nn.Module, optimizer: Any) -> dict[str, Any]:
     """What a distributed checkpoint holds: {"model": ...} and, with an optimizer,
     "optimizer": ..., as torch.distributed.checkpoint's state-dict API gives them (saving
@@ -68,6 +87,7 @@ def _state(inner: nn.Module, optimizer: Any) -> dict[str, Any]:
 
     if optimizer is None:
         return {"model": get_model_state_dict(inner)}
+    _check_optimizer(inner, optimizer)
     model_state, optimizer_state = get_state_dict(inner, optimizer)
     return {"model": model_state, "optimizer": optimizer_state}
 
@@ -216,25 +236,50 @@ def _reader(located: manifest.Located) -> SafeReader:
     return SafeReader(located.folder, located.metadata_sha256, located.files)
 
 
+def _refuse_unexpected(model_state: dict[str, Any], reader: SafeReader, path: Path,
+                       inner: nn.Module) -> None:
+    """Refuse a checkpoint holding model entries `inner` lacks, as torch's load_state_dict
+    does: DCP loads only the keys asked for, so the rest would be dropped without a word."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    wanted, _ = flatten_state_dict({"model": model_state})  # DCP's own key names
+    held = reader.read_metadata().state_dict_metadata
+    unexpected = sorted(key.removeprefix("model.") for key in held
+                        if key.startswith("model.") and key not in wanted)
+    if unexpected:
+        shown = ", ".join(unexpected[:10]) + (f" and {len(unexpected) - 10} more"
+                                              if len(unexpected) > 10 else "")
+        raise CheckpointError(
+            f"cannot load distributed checkpoint {path} into {type(inner).__name__}: the "
+            f"checkpoint holds {len(unexpected)} model entries the model lacks ({shown}); "
+            "nothing was loaded. Load it into the model it was saved from")
+
+
 def load_distributed_checkpoint(model: nn.Module, checkpoint_dir: str | os.PathLike[str],
                                 optimizer: Any = None) -> None:
     """Load a checkpoint saved by `save_distributed_checkpoint` (on any number of ranks)
     into `model` and optionally `optimizer`, in place, resharding to this run's layout.
     Every file is checked against the manifest first. Collective when a process group is
-    active; works in one process without one."""
+    active; works in one process without one.
+
+    Strict, as torch's load_state_dict: an entry of the model missing from the checkpoint,
+    or one in the checkpoint that the model lacks, is a CheckpointError naming them, as is
+    an optimizer over parameters other than the model's; the model is then left as it was.
+    The checkpoint's optimizer state is read only when `optimizer` is given."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load
 
     path = Path(checkpoint_dir)
     located = _locate_everywhere(path)
     inner = user_module(model)
-    state = _state(inner, optimizer)
     reader = _reader(located)
     try:
+        state = _state(inner, optimizer)
+        _refuse_unexpected(state["model"], _reader(located), path, inner)
         with _one_process_quietly():
             load(state, storage_reader=reader, planner=SafeLoadPlanner(),
                  no_dist=not _group_active())
-    except _PASS_THROUGH:
+    except (*_PASS_THROUGH, CheckpointError):
         raise
     except BaseException as exc:
         raise _translated(exc, f"cannot load distributed checkpoint {path} into "

@@ -11,7 +11,7 @@
 | autocast | O2 | the device has a native low-precision dtype (or config.precision names one), |
 |  |  | the model is not float64; with int8 on a CPU, not when nn.Linear is nearly |
 |  |  | all of the model's work (quantize.int8_float32_reason) |
-| low_precision_weights | O3 | eval mode, after autocast: Linear/Conv/MHA weights in its dtype |
+| low_precision_weights | O3 | eval mode, after autocast: Linear/Conv/MHA parameters in its dtype |
 | compile | O2 | torch.compile with inductor; options through ctx.state["compile_options"], |
 |  |  | skipped when an earlier pass set ctx.state["skip_compile"] to its reason |
 """
@@ -377,8 +377,8 @@ def core_passes() -> list[OptimizationPass]:
         OptimizationPass("autocast", "computes in the device's low-precision dtype inside "
                          "the compiled region; outputs cast back to the model's dtype",
                          o2, _autocast, _autocast_check, order=60, mutates=False),
-        OptimizationPass("low_precision_weights", "Linear, Conv and attention weights "
-                         "stored in the autocast dtype, not cast on every call", o3,
+        OptimizationPass("low_precision_weights", "Linear, Conv and attention weights and "
+                         "biases stored in the autocast dtype, not cast on every call", o3,
                          _low_precision_weights, _weights_check, mode="inference",
                          order=62),
         OptimizationPass("compile", "torch.compile with inductor", o2, _compile,

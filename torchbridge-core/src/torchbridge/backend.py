@@ -18,7 +18,7 @@ import pluggy
 import torch
 from torch.utils import _pytree as pytree
 
-from torchbridge.config import TorchBridgeConfig, hardware_sections
+from torchbridge.config import TorchBridgeConfig, default_section, hardware_sections
 from torchbridge.errors import BackendUnavailableError, ConfigurationError, DeviceError
 from torchbridge.kernels import compute, resolve_kernel
 from torchbridge.memory import MemoryManager, apply_memory_fraction
@@ -109,6 +109,8 @@ class Backend:
         self.status = status
         self.config = config
         self.answered_by: dict[str, str] = {}  # hook -> plugin that answered it last
+        # Sections the config has none for (it predates their plugin): their defaults.
+        self._default_sections: dict[str, Any] = {}
         self._index = self._check_index(0 if index is None else index)
         # Process-wide state changes only where the config asks for one.
         if config.logging_level is not None:
@@ -159,10 +161,23 @@ class Backend:
     @property
     def hardware_config(self) -> Any:
         """This backend's config section: the one its plugin contributes (e.g.
-        `config.hardware.nvidia` for cuda), or None when its plugin has none."""
-        owners = hardware_sections().owners
-        section = next((name for name, plugin in owners.items() if plugin == self.plugin), None)
-        return getattr(self.config.hardware, section, None) if section else None
+        `config.hardware.nvidia` for cuda), or None when its plugin has none. A config
+        built before the plugin was registered has no such section (and sets none of its
+        values: it could not): this is then the section with its defaults, one object per
+        backend (an assignment to it is checked, and recorded nowhere)."""
+        sections = hardware_sections()
+        section = next((name for name, plugin in sections.owners.items()
+                        if plugin == self.plugin), None)
+        if section is None:
+            return None
+        value = getattr(self.config.hardware, section, None)
+        if value is not None:
+            return value
+        model = sections.model.model_fields[section].annotation
+        cached = self._default_sections.get(section)
+        if not (isinstance(model, type) and isinstance(cached, model)):
+            cached = self._default_sections[section] = default_section(section)
+        return cached
 
     def memory_manager(self, **pool_limits: Any) -> MemoryManager:
         """A `torchbridge.memory.MemoryManager` for this backend's device."""

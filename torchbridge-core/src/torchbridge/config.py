@@ -11,6 +11,7 @@ hardware: plugin sections are pydantic models with static defaults.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import sys
@@ -54,6 +55,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
+logger = logging.getLogger(__name__)
+
 CONFIG_FILE_ENV = "TORCHBRIDGE_CONFIG_FILE"
 # Read by the plugin loader, not config fields.
 RESERVED_ENV = {"TORCHBRIDGE_PLUGINS", "TORCHBRIDGE_DISABLE_PLUGINS", CONFIG_FILE_ENV,
@@ -84,7 +87,7 @@ def _raise_configuration_error(exc: ValidationError, prefix: tuple[str, ...],
 
 class _RootRef:
     """A section's link to its root config: weak (no cycle to keep a config alive), not a
-    value (pydantic compares private attributes, and two equal configs must stay equal),
+    value (two equal configs must stay equal; ConfigSection.__eq__ compares values only),
     and not pickled (a section pickled on its own has no root in the receiving process;
     a pickled root config binds its sections again)."""
 
@@ -132,11 +135,31 @@ class ConfigSection(BaseModel):
             return (type(self).__name__,)
         return tuple(self._path.split(".")) if self._path else ()
 
+    def __eq__(self, other: object) -> bool:
+        """Equal values, wherever they came from: pydantic's own comparison also compares
+        private attributes, among them the root's `sources`, so `TorchBridgeConfig() ==
+        TorchBridgeConfig(strict=False)` was False, and so was a JSON round trip. Two
+        hardware sections compare by their plugin sections, whichever plugin set built
+        their classes."""
+        if not isinstance(other, BaseModel):
+            return NotImplemented
+        if not isinstance(other, ConfigSection) or _kind(type(self)) is not _kind(type(other)):
+            return False
+        fields = type(self).model_fields
+        if isinstance(self, HardwareConfig) and fields.keys() != type(other).model_fields.keys():
+            return False
+        return ((self.__pydantic_extra__ or {}) == (other.__pydantic_extra__ or {})
+                and all(getattr(self, name) == getattr(other, name) for name in fields))
+
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_"):
             super().__setattr__(name, value)
             return
         prefix = self._prefix()
+        # A section that belongs to a config (`b.memory = a.memory`) is assigned as a copy:
+        # one object in two configs can record an assignment in only one of them, and the
+        # other's `sources` would no longer describe its values.
+        value = _unshared(value)
         try:
             super().__setattr__(name, value)
         except ValidationError as exc:
@@ -190,6 +213,28 @@ class ConfigSection(BaseModel):
 
 ConfigModel = ConfigSection  # the name plugins written before ConfigSection import
 
+# strict_section's subclass -> the plugin's model it was made from: the same section, for
+# equality, whichever plugin-set build made the subclass.
+_strict_origin: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()
+
+
+def _kind(model: type) -> type:
+    """What a section's class is, for equality: every HardwareConfig built for a plugin set
+    is HardwareConfig, a strict_section subclass is the plugin's model."""
+    if issubclass(model, HardwareConfig):
+        return HardwareConfig
+    return _strict_origin.get(model, model)
+
+
+def _unshared(value: Any) -> Any:
+    """`value`, or a deep copy of it where it is a section bound in a config (see
+    ConfigSection.__setattr__); the values of a dict likewise."""
+    if isinstance(value, ConfigSection) and value._root_config() is not None:
+        return value.model_copy(deep=True)
+    if isinstance(value, dict):
+        return {key: _unshared(item) for key, item in value.items()}
+    return value
+
 
 def strict_section(model: type[BaseModel]) -> type[ConfigSection]:
     """`model` with ConfigSection's rules. A plain BaseModel section would silently drop a
@@ -200,10 +245,12 @@ def strict_section(model: type[BaseModel]) -> type[ConfigSection]:
     settings = dict(model.model_config)
     settings.setdefault("extra", "forbid")
     settings["validate_assignment"] = True
-    return type(model.__name__, (model, ConfigSection), {
+    strict: type[ConfigSection] = type(model.__name__, (model, ConfigSection), {
         "model_config": ConfigDict(**settings),  # type: ignore[typeddict-item]
         "__module__": model.__module__, "__qualname__": model.__qualname__,
         "__doc__": model.__doc__})
+    _strict_origin[strict] = model
+    return strict
 
 
 class KernelConfig(ConfigSection):
@@ -333,9 +380,21 @@ def hardware_sections() -> HardwareSections:
         if cached is not None:
             return cached
         results = list(host.call_each("torchbridge_config_section"))
-        # Built-in sections are claimed first: a plugin cannot replace hardware.cpu.
-        results.sort(key=lambda item: host.records[item[0]].group != "builtin"
-                     if item[0] in host.records else True)
+        # A section name belongs to the plugin that provided it first: built-ins, then
+        # installed entry points, then register_plugin calls, each in the order they were
+        # registered (pluggy keeps that order). pluggy *calls* the latest registered first,
+        # so a plugin registered at run time took hardware.nvidia from the NVIDIA plugin,
+        # which was then the one reported. Built-ins come first whatever happens: a plugin
+        # cannot replace hardware.cpu.
+        registered = {name: index for index, (name, _) in
+                      enumerate(host.pm.list_name_plugin())}
+
+        def claim_order(item: tuple[str, Any]) -> tuple[bool, int]:
+            record = host.records.get(item[0])
+            return (record is None or record.group != "builtin",
+                    registered.get(item[0], len(registered)))
+
+        results.sort(key=claim_order)
         fields: dict[str, Any] = {}
         owners: dict[str, str] = {}
         rejected: dict[str, str] = {}
@@ -375,6 +434,18 @@ def hardware_sections() -> HardwareSections:
 def hardware_model() -> type[HardwareConfig]:
     """The HardwareConfig subclass with a field per plugin section."""
     return hardware_sections().model
+
+
+def default_section(name: str) -> ConfigSection | None:
+    """Section `hardware.<name>` of the current plugin set with its defaults (its errors
+    name `hardware.<name>`), or None when no plugin provides it: the section of a config
+    built before that plugin was registered, which could set none of its values."""
+    info = hardware_sections().model.model_fields.get(name)
+    if info is None or not isinstance(info.annotation, type):
+        return None
+    section: ConfigSection = info.annotation()
+    section._bind_paths(f"hardware.{name}")
+    return section
 
 
 def _shown(path: Path) -> str:
@@ -443,24 +514,60 @@ def _read_toml(path: Path, data: bytes | None = None) -> dict[str, Any]:
 
 
 def find_config_file(start: Path | None = None, *,
-                     environ: dict[str, str] | None = None) -> Path | None:
+                     environ: dict[str, str] | None = None,
+                     ignored: dict[str, str] | None = None) -> Path | None:
     """TORCHBRIDGE_CONFIG_FILE, else torchbridge.toml, else a pyproject.toml with
     [tool.torchbridge], in the working directory. A pyproject.toml that does not mention
     torchbridge is not parsed: it is some other tool's, and its faults are not ours.
     `environ` (default os.environ) is where TORCHBRIDGE_CONFIG_FILE is looked up:
-    `load(environ=...)` reads no other environment."""
+    `load(environ=...)` reads no other environment.
+
+    With both files there, torchbridge.toml is read and the pyproject.toml's
+    [tool.torchbridge] is not: that is logged as a warning (once per pair of files) and
+    said in `ignored` ({path: why}, which `load` keeps as `config.ignored_sources`)."""
     explicit = (os.environ if environ is None else environ).get(CONFIG_FILE_ENV)
     if explicit:
         return Path(explicit)
     folder = start or Path.cwd()
-    if os.path.lexists(folder / "torchbridge.toml"):
-        return folder / "torchbridge.toml"
     pyproject = folder / "pyproject.toml"
-    if pyproject.is_file():
+    if os.path.lexists(folder / "torchbridge.toml"):
+        chosen = folder / "torchbridge.toml"
+        if _has_our_table(pyproject, quiet=True):
+            why = (f"its [tool.torchbridge] is not read: {_shown(chosen)} is in the same "
+                   "folder, and torchbridge.toml comes first (move the settings into one "
+                   "file)")
+            if ignored is not None:
+                ignored[str(pyproject)] = why
+            _warn_once((str(pyproject), str(chosen)), f"config file {_shown(pyproject)}: "
+                       f"{why}")
+        return chosen
+    return pyproject if _has_our_table(pyproject) else None
+
+
+def _has_our_table(pyproject: Path, quiet: bool = False) -> bool:
+    """Whether `pyproject` is a file with a non-empty [tool.torchbridge]. A fault in one
+    that mentions torchbridge is a ConfigurationError naming it, or (`quiet`, for a file
+    that is not read anyway) False."""
+    if not pyproject.is_file():
+        return False
+    try:
         data = _read_file(pyproject)
-        if b"torchbridge" in data and _read_toml(pyproject, data):
-            return pyproject
-    return None
+        return b"torchbridge" in data and bool(_read_toml(pyproject, data))
+    except ConfigurationError:
+        if quiet:
+            return False
+        raise
+
+
+_warned: set[tuple[str, ...]] = set()  # warnings already logged in this process
+
+
+def _warn_once(key: tuple[str, ...], message: str) -> None:
+    """Log `message` the first time `key` is seen: a config is loaded on every
+    get_backend() without one, and the same file or variable would be named each time."""
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning("%s", message)
 
 
 def _env_path(parts: tuple[str, ...], model: type[BaseModel] | None) -> tuple[str, ...]:
@@ -484,16 +591,30 @@ def _env_path(parts: tuple[str, ...], model: type[BaseModel] | None) -> tuple[st
     return tuple(out)
 
 
-def _env_layer(environ: dict[str, str], model: type[BaseModel] | None = None
+def _env_layer(environ: dict[str, str], model: type[BaseModel] | None = None,
+               ignored: dict[str, str] | None = None
                ) -> dict[tuple[str, ...], tuple[Any, str]]:
     """The settings of the TORCHBRIDGE_* variables, flattened to one entry per key. A JSON
     table (`TORCHBRIDGE_MEMORY='{"max_memory_fraction": 0.5}'`) sets the keys it names, no
     others. Variables are applied shallowest first (then by name), so the outcome never
     depends on the order of the environment: a more specific variable
-    (TORCHBRIDGE_MEMORY__OOM_SAFETY_MARGIN) wins over a whole section's JSON for its key."""
+    (TORCHBRIDGE_MEMORY__OOM_SAFETY_MARGIN) wins over a whole section's JSON for its key.
+
+    The prefix is upper case, as for every TORCHBRIDGE_ variable (the plugin lists too);
+    the rest of the name matches keys whatever its case. A variable whose prefix is in
+    another case (`torchbridge_strict`) is not read: that is logged as a warning (once per
+    name) and said in `ignored`."""
     layer: dict[tuple[str, ...], tuple[Any, str]] = {}
     ordered = sorted(environ.items(), key=lambda item: (item[0].count("__"), item[0]))
     for var, raw in ordered:
+        if not var.startswith(ENV_PREFIX) and var.upper().startswith(ENV_PREFIX):
+            upper = var.upper()
+            why = (f"not read: TorchBridge's variables start with {ENV_PREFIX} in capitals "
+                   f"(rename it {upper})")
+            if ignored is not None:
+                ignored[f"environment variable {var}"] = why
+            _warn_once(("env", var), f"environment variable {var} is {why}")
+            continue
         if not var.startswith(ENV_PREFIX) or var in RESERVED_ENV:
             continue
         path = _env_path(tuple(var[len(ENV_PREFIX):].lower().split("__")), model)
@@ -640,6 +761,7 @@ class TorchBridgeConfig(ConfigSection):
     hardware: SerializeAsAny[HardwareConfig] = Field(default_factory=lambda: hardware_model()())
 
     _sources: dict[str, str] = {}
+    _ignored: dict[str, str] = {}
 
     _PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "training": {"optimization_level": "O2"},
@@ -650,6 +772,8 @@ class TorchBridgeConfig(ConfigSection):
     def __init__(self, **data: Any) -> None:
         sources = getattr(_load_context, "sources", None) or {
             (key,): "keyword arguments" for key in data}
+        # A section of another config is taken as a copy (see ConfigSection.__setattr__).
+        data = {key: _unshared(value) for key, value in data.items()}
         hardware = data.pop("hardware", None)
         if isinstance(hardware, dict):
             data["hardware"] = _validate_hardware(hardware, sources)
@@ -661,12 +785,13 @@ class TorchBridgeConfig(ConfigSection):
             _raise_configuration_error(exc, (), sources, type(self))
         self._bind_paths("", self)
         self._sources = {".".join(path): source for path, source in sources.items()}
+        self._ignored = dict(getattr(_load_context, "ignored", None) or {})
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "hardware" and isinstance(value, dict):
             # The field's declared type is the empty base class; the sections are checked
             # against this plugin set's concrete class, as when loading.
-            value = _validate_hardware(value, {("hardware",): "assignment"})
+            value = _validate_hardware(_unshared(value), {("hardware",): "assignment"})
         super().__setattr__(name, value)  # records the assignment (_record_assignment)
 
     def _record_assignment(self, key: str) -> None:
@@ -686,7 +811,7 @@ class TorchBridgeConfig(ConfigSection):
         """Pickles as its values and their sources, rebuilt in the receiving process
         against its own plugin sections (a spawned worker gets an equal config)."""
         return _rebuild_config, (type(self), self.model_dump(by_alias=True),
-                                 dict(self._sources))
+                                 dict(self._sources), dict(self._ignored))
 
     @field_validator("optimization_level", mode="before")
     @classmethod
@@ -709,11 +834,20 @@ class TorchBridgeConfig(ConfigSection):
         "environment variable TORCHBRIDGE_MEMORY__MAX_MEMORY_FRACTION", ...}."""
         return dict(self._sources)
 
+    @property
+    def ignored_sources(self) -> dict[str, str]:
+        """What `load` found and did not read, and why: {"/project/pyproject.toml": "its
+        [tool.torchbridge] is not read: /project/torchbridge.toml is in the same folder,
+        ...", "environment variable torchbridge_strict": "not read: ..."}. Each is also
+        logged as a warning, once per process."""
+        return dict(self._ignored)
+
     @classmethod
     def load(cls, config_file: str | Path | None = None, *, preset: str | None = None,
              environ: dict[str, str] | None = None, **overrides: Any) -> TorchBridgeConfig:
         """Read every source: defaults or preset, config file, environment, `overrides`."""
         flat: dict[tuple[str, ...], tuple[Any, str]] = {}
+        ignored: dict[str, str] = {}
         if preset is not None:
             if preset not in cls._PRESETS:
                 raise ConfigurationError(f"unknown preset {preset!r}; choose one of "
@@ -722,17 +856,18 @@ class TorchBridgeConfig(ConfigSection):
             _merge(flat, _flatten(cls._PRESETS[preset], f"preset {preset}"))
         env = dict(os.environ if environ is None else environ)
         path = (Path(config_file) if config_file is not None
-                else find_config_file(environ=env))
+                else find_config_file(environ=env, ignored=ignored))
         if path is not None:
             _merge(flat, _flatten(_read_toml(path), str(path)))
-        _merge(flat, _env_layer(env, cls))
+        _merge(flat, _env_layer(env, cls, ignored))
         _merge(flat, _flatten(overrides, "keyword arguments"))
         data = _nest(flat)
         _load_context.sources = {path: source for path, (_, source) in flat.items()}
+        _load_context.ignored = ignored
         try:
             return cls(**data)
         finally:
-            _load_context.sources = None
+            _load_context.sources = _load_context.ignored = None
 
     @classmethod
     def for_training(cls, **overrides: Any) -> TorchBridgeConfig:
@@ -751,13 +886,15 @@ class TorchBridgeConfig(ConfigSection):
 
 
 def _rebuild_config(cls: type[TorchBridgeConfig], values: dict[str, Any],
-                    sources: dict[str, str]) -> TorchBridgeConfig:
+                    sources: dict[str, str], ignored: dict[str, str] | None = None
+                    ) -> TorchBridgeConfig:
     _load_context.sources = {(key,): "a pickled config" for key in values}
     try:
         config = cls(**values)
     finally:
         _load_context.sources = None
     config._sources = dict(sources)
+    config._ignored = dict(ignored or {})
     return config
 
 

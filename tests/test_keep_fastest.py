@@ -416,3 +416,37 @@ def test_the_real_timers_hold_the_output_until_the_device_has_run_it() -> None:
     wall_timer(synchronize)("prepared", fn)
     median_latency(fn, synchronize, warmup=2, repeats=3)
     assert alive_at_sync and all(alive_at_sync)
+
+
+class _KeepsPythonState(torch.nn.Module):
+    """A forward that changes the module's own Python attributes: a counter, a list it
+    appends to, a dict it fills, a tensor it keeps outside its buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(32, 8)
+        self.calls, self.history, self.seen = 0, [], {}
+        self.running = torch.zeros(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        self.calls += 1
+        self.history.append(float(y.mean()))
+        self.seen[len(self.seen)] = tuple(x.shape)
+        self.running.add_(y.detach().float().mean(0))
+        self.last = y.detach()
+        return y
+
+
+def test_the_callers_model_timed_as_o0_keeps_its_python_state(backend: Any) -> None:
+    """O0 is timed on the caller's own model (no copy): its forward ran a dozen times, and
+    the counter, list, dict and kept tensor it changes changed, though the docs say the
+    model you pass is not changed. Before: 3 calls counted, listed and kept."""
+    model = _KeepsPythonState().eval()
+    result = run_pipeline(backend, model, "O2", sample_input=torch.randn(4, 32),
+                          timer=_timer({"O0": 1.0, "prepared": 2.0, "uncompiled": 3.0}))
+    assert result.model is not model
+    assert (model.calls, model.history, model.seen) == (0, [], {})
+    assert torch.equal(model.running, torch.zeros(8)) and "last" not in model.__dict__
+    model(torch.randn(4, 32))  # and it still runs as it did
+    assert model.calls == 1 and len(model.history) == 1

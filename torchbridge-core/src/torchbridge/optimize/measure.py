@@ -86,15 +86,68 @@ def _restore(copies: list[torch.Tensor], originals: list[torch.Tensor]) -> None:
             copied.copy_(original)
 
 
+# What nn.Module keeps in its own __dict__ (parameters, buffers, submodules, hooks): the
+# passes and lazy modules change those for good; preserved_state leaves them alone.
+_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__) | {"_compiled_call_impl"}
+
+
+class _Attributes:
+    """A module's own Python attributes (a call counter, a list the forward appends to, a
+    tensor it keeps outside its buffers), to put back after calls made to measure: the
+    model you pass is left as it was given."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module, self.cls = module, module.__class__
+        self.table: dict[str, Any] = {k: v for k, v in module.__dict__.items()
+                                      if k not in _MODULE_INTERNALS}
+        self.contents: dict[str, Any] = {k: v.copy() for k, v in self.table.items()
+                                         if isinstance(v, (list, dict, set))}
+        self.tensors: dict[str, torch.Tensor] = {
+            k: v.detach().clone() for k, v in self.table.items()
+            if isinstance(v, torch.Tensor) and _restorable(v)}
+
+    def restore(self) -> None:
+        module = self.module
+        if module.__class__ is not self.cls:  # a lazy module materialized: its own change
+            return
+        now = module.__dict__
+        for key in [k for k in now if k not in _MODULE_INTERNALS and k not in self.table]:
+            del now[key]
+        now.update(self.table)
+        for key, saved in self.contents.items():
+            container = self.table[key]  # refilled, not compared: tensors compare elementwise
+            container.clear()
+            if isinstance(container, list):
+                container.extend(saved)
+            else:
+                container.update(saved)
+        with torch.no_grad():
+            for key, copy in self.tensors.items():
+                tensor = self.table[key]
+                try:
+                    tensor.copy_(copy)
+                except RuntimeError:  # resized, or an inference tensor: its values all the same
+                    now[key] = copy
+
+
+def _restorable(t: torch.Tensor) -> bool:
+    # Plain tensors only: a Parameter kept as an attribute is an alias of the module's own,
+    # which calls do not change (and copying every such weight at every check would cost).
+    return type(t) is torch.Tensor and t.layout == torch.strided and t.device.type != "meta"
+
+
 @contextlib.contextmanager
 def preserved_state(model: Any) -> Iterator[None]:
     """Runs inside leave no trace on the model or the process: the global RNG is forked
     (reseeded to 0 inside, so that reference and candidate draw the same dropout masks),
     every buffer (BatchNorm running statistics, step counters, caches) is restored
-    afterwards, and each module's training flag too. Gradients are off."""
+    afterwards, each module's training flag too, and its own Python attributes (counters,
+    lists and dicts the forward fills, tensors kept outside the buffers). Gradients are
+    off."""
     modules = list(model.modules())
     training = [m.training for m in modules]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    attributes = [_Attributes(m) for m in modules]
     devices = sorted({str(b.device) for b, _ in buffers if b.device.type == "cuda"})
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
@@ -107,6 +160,8 @@ def preserved_state(model: Any) -> Iterator[None]:
                     buffer.copy_(saved)
         for module, flag in zip(modules, training, strict=True):
             module.training = flag
+        for kept in attributes:
+            kept.restore()
 
 
 def largest_magnitude(t: torch.Tensor) -> float:

@@ -97,6 +97,41 @@ def _prepared_times_faster(label: str, fn: Callable[[], Any]) -> float:
 
 
 @needs_torchao
+@pytest.mark.parametrize("how", ["prune", "weight_norm"])
+def test_a_linear_whose_weight_is_computed_at_each_call_stays_in_float(
+        vnni: None, how: str) -> None:
+    """Pruning and weight_norm compute the weight at each call from other parameters:
+    torchao's quantized weight cannot stand in for it. Before: the pass failed whole on
+    TypeError "cannot assign 'torch.FloatTensor' as parameter 'weight'" (KeyError for
+    weight_norm), the other layers unquantized."""
+    from torch.nn.utils import parametrizations, prune
+    from torchao.utils import TorchAOBaseTensor
+
+    model = _mlp()
+    with torch.no_grad():  # else pruning's weight is no leaf, and the model cannot be copied
+        if how == "prune":
+            prune.l1_unstructured(model[2], "weight", amount=0.5)
+        else:
+            parametrizations.weight_norm(model[2])
+    result = _backend().optimize(model, "O1", sample_input=_sample(), quantize="int8")
+    assert _status(result)[0] == "applied"
+    quantized = [isinstance(m.weight, TorchAOBaseTensor) for m in result.model.modules()
+                 if isinstance(m, nn.Linear)]
+    assert quantized == [True, False, True]
+    assert any("1 Linear layer(s) kept in float, their weight computed at each call" in n
+               and n.endswith(": 2") for n in result.notes), result.notes
+    with torch.no_grad():
+        for layer in (0, 4):
+            if how == "prune":
+                prune.l1_unstructured(model[layer], "weight", amount=0.5)
+            else:
+                parametrizations.weight_norm(model[layer])
+    result = _backend().optimize(model, "O1", sample_input=_sample(), quantize="int8")
+    assert _status(result) == ("skipped", "int8: every nn.Linear computes its weight at each "
+                               "call (pruning, weight_norm or a parametrization): 0, 2, 4")
+
+
+@needs_torchao
 @pytest.mark.parametrize("mode", ["int8", "int8_weight_only"])
 def test_o3_quantizes_and_compiles_under_the_gate(vnni: None, mode: str) -> None:
     # The whole O3 sequence: autocast and bf16 weights (not with int8 on a CPU: its int8

@@ -222,11 +222,24 @@ def _quantize_each(linears: list[tuple[str, nn.Linear]], config: Any,
     return done, refused
 
 
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Module:
     mode = ctx.quantize
     assert mode is not None
     config = _torchao_config(mode, ctx)
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    # A weight computed at each call (pruning's mask, weight_norm, a parametrization) is no
+    # Parameter of the layer: torchao's quantized weight would be overwritten, or refused.
+    computed = [name or type(m).__name__ for name, m in linears
+                if not isinstance(m._parameters.get("weight"), nn.Parameter)]
+    linears = [(name, m) for name, m in linears
+               if isinstance(m._parameters.get("weight"), nn.Parameter)]
+    if computed and not linears:
+        raise PassSkipped(f"{mode}: every nn.Linear computes its weight at each call "
+                          f"(pruning, weight_norm or a parametrization): {_names(computed)}")
     tied = {id(p) for m in model.modules() if not isinstance(m, nn.Linear)
             for p in m.parameters(recurse=False)}
     untied = [name for name, m in linears if id(m.weight) in tied]
@@ -253,6 +266,10 @@ def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Modu
         more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
         ctx.notes.append(f"quantize: {len(refused)} Linear layer(s) kept in float, torchao "
                          f"failed on them: {'; '.join(refused[:3])}{more}")
+    if computed:
+        ctx.notes.append(f"quantize: {len(computed)} Linear layer(s) kept in float, their "
+                         "weight computed at each call (pruning, weight_norm or a "
+                         f"parametrization): {_names(computed)}")
     if untied := [n for n in untied if n in done]:
         ctx.notes.append(f"quantize: {', '.join(untied)} shared its weight with an "
                          "embedding: the Linear now holds a quantized copy, the embedding "

@@ -120,6 +120,23 @@ def test_a_pyproject_hidden_by_torchbridge_toml_is_named(
     assert "One file is read" in _docs() and "config.ignored_sources" in _docs()
 
 
+def test_doctor_names_a_config_source_that_was_not_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reload_plugins: None) -> None:
+    # doctor runs with warnings off: the ignored pyproject.toml is said in its config part.
+    from torchbridge import doctor
+
+    (tmp_path / "pyproject.toml").write_text("[tool.torchbridge]\nstrict = true\n")
+    (tmp_path / "torchbridge.toml").write_text('optimization_level = "O1"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHBRIDGE_PLUGINS", "none_here")  # only the built-ins: quick
+    torchbridge.reload_plugins()
+    report = doctor.collect()
+    assert list(report["config"]["ignored"]) == [str(tmp_path / "pyproject.toml")]
+    config_part = doctor.render(report).split("\nconfig:\n", 1)[1]
+    assert f"  ignored: {tmp_path / 'pyproject.toml'}: its [tool.torchbridge] is not " \
+           "read" in config_part
+
+
 def test_a_pyproject_that_only_depends_on_torchbridge_is_not_named(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, fresh_warnings: None) -> None:
     (tmp_path / "pyproject.toml").write_text(

@@ -256,9 +256,14 @@ def _kernels(args: argparse.Namespace) -> int:
 
     from torchbridge import doctor, get_backend
     from torchbridge.kernels.choice import kernel_table
+    from torchbridge.plugins import get_plugin_host
 
     logging.getLogger("torchbridge").setLevel(logging.ERROR)
     backend = get_backend(args.backend)
+    # With the log quiet, what is wrong with the plugin selection is said here (a
+    # TORCHBRIDGE_PLUGINS name that no plugin has leaves that plugin's kernels out).
+    for warning in get_plugin_host().warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     table = kernel_table(backend, training=args.training)
     if args.json:
         print(json.dumps(table, indent=2, default=str))
@@ -267,6 +272,8 @@ def _kernels(args: argparse.Namespace) -> int:
         print(f"kernels on {backend.name} ({mode}):")
         print("\n".join(doctor.render_kernels(table)))
     return 0
+
+
 def _import_factory(spec: str) -> Any:
     """The function named by "package.module:function"."""
     import importlib

@@ -21,7 +21,7 @@ from torchbridge.kernels import overridden_ops
 from torchbridge.kernels.choice import choose, kernel_table, known_ops
 from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize.pipeline import collect_passes
-from torchbridge.plugins import describe, is_fatal, plugin_records
+from torchbridge.plugins import describe, get_plugin_host, is_fatal, plugin_records
 from torchbridge.selection import backend_status, list_backends
 
 SLOW_DETECT_SECONDS = 0.5
@@ -47,7 +47,10 @@ def _config_report(config: TorchBridgeConfig) -> dict[str, Any]:
     values = config.model_dump(mode="json")
     return {"values": values,
             "non_default": {path: {"value": _config_value(values, path), "source": source}
-                            for path, source in sorted(config.sources.items())}}
+                            for path, source in sorted(config.sources.items())},
+            # A config file or variable not read (a pyproject.toml hidden by
+            # torchbridge.toml, a lower-case prefix): doctor runs with warnings off.
+            "ignored": dict(config.ignored_sources)}
 
 
 def _contributions(config: TorchBridgeConfig | None, statuses: list[Any]
@@ -150,6 +153,8 @@ def collect() -> dict[str, Any]:
         report["plugins"] = [r.to_dict() for r in records]
     else:
         report["plugins"] = records
+    # Problems of the plugin set as a whole: a TORCHBRIDGE_PLUGINS name no plugin has, ...
+    report["plugin_warnings"] = _safely(lambda: list(get_plugin_host().warnings))
     return report
 
 
@@ -235,7 +240,10 @@ def render(report: dict[str, Any]) -> str:
     """The report as text for pasting into an issue."""
     out = ["## torchbridge doctor", "", "versions:"]
     out += [f"  {k}: {v}" for k, v in report["versions"].items()]
-    out += ["", "plugins:", *_render_plugins(report["plugins"])]
+    problems = report.get("plugin_warnings") or []  # first: they explain what follows
+    out += ["", "plugins:", *([f"  error: {problems['error']}"] if isinstance(problems, dict)
+                              else [f"  warning: {w}" for w in problems]),
+            *_render_plugins(report["plugins"])]
     out += ["", "backends (best first):"]
     if isinstance(report["backends"], dict):
         out.append(f"  error: {report['backends']['error']}")
@@ -277,4 +285,5 @@ def render(report: dict[str, Any]) -> str:
             out.append("  all values are defaults")
         for path, item in cfg["non_default"].items():
             out.append(f"  {path} = {item['value']!r}  (from {item['source']})")
+        out += [f"  ignored: {what}: {why}" for what, why in cfg.get("ignored", {}).items()]
     return "\n".join(out)

@@ -14,7 +14,10 @@ semantic version. A plugin module may declare the range it was written for,
 registered. A behaviour a plugin may rely on changes only in a new major version, after a
 release of the old major version that warns about it (`deprecated`). The names of the
 built-in plugins (cpu, generic, triton) belong to the core: an entry point using one is
-reported and never loaded.
+reported and never loaded, `register_plugin` refuses them, and `unregister_plugin` cannot
+remove them. A name in TORCHBRIDGE_PLUGINS or TORCHBRIDGE_DISABLE_PLUGINS that is no
+installed entry point is a warning (logged, and shown by doctor), not an error: the
+variable may be set for machines where that plugin is installed.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import pluggy
 
 from torchbridge import CONTRACT_VERSION, hookspecs
 from torchbridge.errors import PluginError
+from torchbridge.suggestions import did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +95,28 @@ def _env_names(var: str) -> set[str] | None:
     if raw is None:
         return None
     return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def selection_problems(allow: set[str] | None, block: set[str], installed: set[str]
+                       ) -> list[str]:
+    """What is wrong with the names in TORCHBRIDGE_PLUGINS (`allow`) and
+    TORCHBRIDGE_DISABLE_PLUGINS (`block`), given the entry-point names `installed`: a name
+    that is no installed plugin (a typo, or a plugin installed elsewhere; names match
+    exactly, case included), or a built-in plugin named in the block list (built-ins are
+    always loaded). A built-in named in the allow list is fine: it is loaded anyway."""
+    problems = []
+    shown = ", ".join(sorted(installed)) or "none"
+    for var, names in ((ALLOW_ENV, allow or set()), (BLOCK_ENV, block)):
+        for name in sorted(names):
+            if name in BUILTIN_PLUGINS:
+                if var == BLOCK_ENV:
+                    problems.append(f"{var} names {name!r}, a built-in plugin; built-in "
+                                    "plugins are always loaded and cannot be disabled")
+            elif name not in installed:
+                problems.append(f"{var} names {name!r}, which is no installed plugin; "
+                                f"ignored (installed plugins: {shown})"
+                                + did_you_mean(name, installed))
+    return problems
 
 
 # -- the contract version -------------------------------------------------------------------
@@ -190,6 +216,9 @@ class PluginHost:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.records: dict[str, PluginRecord] = {}
+        # Problems of the plugin set as a whole (TORCHBRIDGE_PLUGINS naming no installed
+        # plugin, ...), each logged once and shown by doctor.
+        self.warnings: list[str] = []
         self.generation = 0  # bumped on every (un)registration: caches key on it
         self._load()
 
@@ -206,6 +235,9 @@ class PluginHost:
         dists_by_name: dict[str, set[str | None]] = {}
         for _, ep in entries:
             dists_by_name.setdefault(ep.name, set()).add(_distribution(ep)[0])
+        for problem in selection_problems(allow, block, set(dists_by_name)):
+            logger.warning("%s", problem)
+            self.warnings.append(problem)
         for group, ep in entries:
             clashing = sorted(str(d) for d in dists_by_name[ep.name] if d != _distribution(ep)[0])
             self._load_entry_point(ep, group, allow, block, clashing)
@@ -487,21 +519,66 @@ def reload_plugins() -> PluginHost:
     return get_plugin_host()
 
 
+class _Taken(PluginError, ValueError):
+    """A plugin name or object already registered. Also a ValueError: pluggy raised one
+    there before, and callers may catch it."""
+
+
+def _name_holder(host: PluginHost, name: str) -> tuple[str, str] | None:
+    """Who holds plugin name `name`, in words, and what the caller can do about it; None
+    when the name is free (the record of a refused run-time registration holds none)."""
+    record = host.records.get(name)
+    if name in BUILTIN_PLUGINS or (record is not None and record.group == "builtin"):
+        return f"the built-in plugin {name!r} of torchbridge-core", "choose another name"
+    plugin = host.pm.get_plugin(name)
+    release = f"unregister_plugin({name!r}) first, or choose another name"
+    if record is not None and record.group != "runtime":
+        dist = f" of {record.distribution}" if record.distribution else ""
+        return (f"the installed plugin {name!r}{dist} (entry point {record.module}, "
+                f"{record.status})", release if plugin is not None else "choose another name")
+    if plugin is not None:
+        return f"the plugin {name!r} registered at run time ({type(plugin).__name__})", release
+    return None
+
+
 def register_plugin(plugin: object, name: str | None = None) -> str:
-    """Register a plugin object at run time (no entry point). Returns its name. A plugin
-    whose TORCHBRIDGE_CONTRACT range this core is outside of (or which is no range) is
-    recorded as entry-point plugins are ("incompatible", or "failed") and never called,
-    and this raises PluginError saying why."""
+    """Register a plugin object at run time (no entry point). Returns its name. A name in
+    use (a built-in plugin's, an installed entry point's, one registered earlier) or an
+    object already registered raises PluginError naming who holds it, and changes
+    nothing. A plugin whose TORCHBRIDGE_CONTRACT range this core is outside of (or which
+    is no range) is recorded as entry-point plugins are ("incompatible", or "failed") and
+    never called, and this raises PluginError saying why; registering a fixed plugin under
+    that name later replaces the record."""
     host = get_plugin_host()
-    label = name or type(plugin).__name__
+    if plugin is None:
+        raise PluginError("register_plugin needs a plugin object, got None")
+    name = name or None  # "" as before: pluggy's canonical name
+    for held, other in host.pm.list_name_plugin():
+        if other is plugin:
+            raise _Taken(f"this plugin object is already registered as {held!r}; "
+                              "nothing was changed (register it once, or register "
+                              "another instance under another name)")
+    holder = _name_holder(host, name) if name is not None else None
+    if holder is not None:
+        raise _Taken(f"plugin name {name!r} is already in use by {holder[0]}; nothing "
+                     f"was changed ({holder[1]})")
+    if name is not None and host.pm.is_blocked(name):
+        raise PluginError(f"plugin name {name!r} is blocked; nothing was changed")
+    label = name or type(plugin).__name__  # the record of a refusal: a readable name
+    if name is None and _name_holder(host, label) is not None:
+        label = host.pm.get_canonical_name(plugin)
     record = PluginRecord(label, "runtime", "loaded")
     if host.refused_by_contract(plugin, record, "at registration"):
+        # Only a name no plugin holds gets here (or the record of an earlier refusal).
         host.records[label] = record
         host.generation += 1
         raise PluginError(f"plugin {label!r} not registered: {record.error}")
-    registered = host.pm.register(plugin, name=name)
+    try:
+        registered = host.pm.register(plugin, name=name)
+    except ValueError as exc:  # pluggy's: a name or object taken (checked above: a race)
+        raise _Taken(f"plugin {label!r} not registered: {exc}".splitlines()[0]) from None
     if registered is None:
-        raise PluginError(f"plugin {name!r} is blocked")
+        raise PluginError(f"plugin name {label!r} is blocked; nothing was changed")
     host.generation += 1
     host.records[registered] = PluginRecord(registered, "runtime", "loaded")
     host.check_plugin(registered)
@@ -509,7 +586,33 @@ def register_plugin(plugin: object, name: str | None = None) -> str:
 
 
 def unregister_plugin(name: str) -> None:
+    """Remove the plugin registered under `name`: one registered at run time (the name
+    register_plugin returned), an entry point's plugin that is loaded, or the record of a
+    run-time registration that was refused. The built-in plugins (cpu, generic, triton)
+    cannot be removed, and a name that is not registered (a typo, a plugin that is
+    disabled or failed to load) raises PluginError; in both cases nothing changes."""
     host = get_plugin_host()
+    record = host.records.get(name)
+    if name in BUILTIN_PLUGINS or (record is not None and record.group == "builtin"):
+        raise PluginError(f"plugin {name!r} is built into torchbridge-core and cannot be "
+                          "unregistered; nothing was changed")
+    plugin = host.pm.get_plugin(name)
+    if plugin is None:
+        if record is not None and record.group == "runtime":  # a refused registration
+            del host.records[name]
+            host.generation += 1
+            return
+        # Unregistering what is not registered did nothing without a word (a disabled or
+        # failed entry point lost its record): a warning now, an error from contract 4.
+        names = sorted(n for n, p in host.pm.list_name_plugin() if p is not None)
+        what = f"({record.status}: {record.error})" if record is not None else \
+            f"(registered: {', '.join(names)}){did_you_mean(str(name), names)}"
+        deprecated(name, f"unregister_plugin({name!r}) names no registered plugin {what}",
+                   "unregister only a name register_plugin returned; this will raise "
+                   "PluginError", stacklevel=2)
+        if host.records.pop(name, None) is not None:
+            host.generation += 1
+        return
     host.pm.unregister(name=name)
     host.records.pop(name, None)
     host.generation += 1

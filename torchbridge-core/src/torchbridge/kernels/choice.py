@@ -14,6 +14,8 @@ none, the reference runs.
 
 from __future__ import annotations
 
+import math
+import numbers
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -95,6 +97,28 @@ def _legacy_problem(kernel: object) -> str | None:
     return None if callable(kernel) else f"returned {kernel!r}, which is not callable"
 
 
+def _priority_problem(impl: KernelImplementation) -> str | None:
+    """Why `impl.priority` cannot order implementations (None: it can): it must be a
+    finite number (an int, as declared; a float is taken as it orders the same way). A
+    string, None, a bool or NaN would make sorting fail for every user of the op, or
+    order it arbitrarily (NaN compares false with everything)."""
+    value = impl.priority
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+            not math.isfinite(value):
+        return (f"implementation {impl.name!r} of {impl.op!r}: priority must be a finite "
+                f"number (an int, higher is tried first), got "
+                f"{type(value).__name__} {value!r:.40}; the implementation is left out")
+    return None
+
+
+def _contribution_problem(impl: object) -> str | None:
+    """Why a contributed `impl` is malformed (None: it is well formed)."""
+    problem = implementation_problem(impl)
+    if problem is None and isinstance(impl, KernelImplementation):
+        problem = _priority_problem(impl)
+    return problem
+
+
 def _rank(impl: Any) -> int:
     """0 for a tryfirst hook implementation, 2 for trylast (the built-in plugins), else 1."""
     return 0 if impl.tryfirst else 2 if impl.trylast else 1
@@ -117,7 +141,7 @@ def contributions(op: str, backend: Backend) -> list[tuple[str, str, KernelImple
     for hook_impl in host.implementations(hook):
         ok, impls = host.call_one(hook_impl, hook, {"backend": backend}, _list_problem)
         for impl in (impls or ()) if ok else ():
-            problem = implementation_problem(impl)
+            problem = _contribution_problem(impl)
             if problem is not None:
                 host.record_hook_error(hook_impl.plugin_name, hook, problem)
             elif impl.op == op:
@@ -130,7 +154,7 @@ def contributions(op: str, backend: Backend) -> list[tuple[str, str, KernelImple
             continue
         plugin = hook_impl.plugin_name
         if isinstance(kernel, KernelImplementation):
-            problem = implementation_problem(kernel)
+            problem = _contribution_problem(kernel)
             if problem is not None:
                 host.record_hook_error(plugin, legacy, problem)
             elif kernel.op == op:

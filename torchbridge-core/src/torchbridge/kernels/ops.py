@@ -26,7 +26,9 @@ what changed since registration, for doctor.
 
 from __future__ import annotations
 
+import inspect
 import keyword
+import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -40,6 +42,8 @@ import torch.nn.functional as F
 from torchbridge.errors import KernelError
 
 NAMESPACE = "torchbridge"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -254,10 +258,96 @@ def _schema_of(name: str) -> str:
     return schema[schema.index("("):]
 
 
+def _parameter_text(param: inspect.Parameter) -> str:
+    if param.kind is inspect.Parameter.VAR_POSITIONAL:
+        return f"*{param.name}"
+    if param.kind is inspect.Parameter.VAR_KEYWORD:
+        return f"**{param.name}"
+    return param.name
+
+
+def _parameters_problem(definition: OpDefinition) -> str | None:
+    """Why `definition.reference`'s parameters disagree with its schema (None: they agree,
+    or either cannot be read, in which case torch.library says what is wrong).
+
+    torch calls the reference with the schema's positional arguments by position and its
+    keyword-only ones (after `*`) by name, while users, `get_kernel` and the
+    implementations bind a call's arguments by the schema's names: a reference whose
+    parameters are in another order ((x, scale, shift) under a schema of (x, shift,
+    scale)) would compute with the values swapped. So the reference's named parameters
+    must be the schema's arguments, in the schema's order; one the schema does not have
+    must come after them with a default, and a `*args` or `**kwargs` of its own stands for
+    the schema's arguments it does not name."""
+    if definition.schema is None:
+        return None  # inferred from the reference: the same names by construction
+    try:
+        parsed = torch._C.parse_schema(f"{NAMESPACE}::{definition.name}{definition.schema}")
+        params = list(inspect.signature(definition.reference).parameters.values())
+    except (RuntimeError, ValueError, TypeError):
+        return None
+    kind = inspect.Parameter
+    named = [p for p in params if p.kind not in (kind.VAR_POSITIONAL, kind.VAR_KEYWORD)]
+    var_positional = any(p.kind is kind.VAR_POSITIONAL for p in params)
+    var_keyword = any(p.kind is kind.VAR_KEYWORD for p in params)
+    schema_args = list(parsed.arguments)
+    positional = [a for a in schema_args if not a.kwarg_only]
+    ref_positional = [p for p in named if p.kind is not kind.KEYWORD_ONLY]
+    ref_by_name = {p.name: p for p in named}
+
+    def wrong(why: str) -> str:
+        return (f"op {definition.name!r}: {why}; the schema's arguments are "
+                f"({', '.join(a.name for a in schema_args)}) and the reference's parameters "
+                f"({', '.join(_parameter_text(p) for p in params)}); torch passes the schema's "
+                "arguments to the reference in that order, so the names must agree in "
+                "order (or leave the schema out to infer it from the reference)")
+
+    # Names in another order are values swapped. Other names at a position are a rename,
+    # which binds right by position: a warning, not an error (such ops registered before).
+    swapped = {a.name for a in positional} & {p.name for p in ref_positional}
+    renamed = []
+    for i, arg in enumerate(positional):
+        if i < len(ref_positional):
+            name = ref_positional[i].name
+            if name != arg.name and (name in swapped or arg.name in swapped):
+                return wrong(f"argument {i} is {arg.name!r} in the schema but "
+                             f"{name!r} in the reference")
+            if name != arg.name:
+                renamed.append(f"{arg.name!r} is {name!r}")
+        elif not var_positional:
+            param = ref_by_name.get(arg.name)
+            if param is not None and param.kind is kind.KEYWORD_ONLY:
+                return wrong(f"argument {arg.name!r} is positional in the schema but "
+                             "keyword-only in the reference")
+            return wrong(f"the reference takes no parameter at position {i} for the "
+                         f"schema's argument {arg.name!r}")
+    schema_names = {a.name for a in schema_args}
+    for arg in schema_args[len(positional):]:  # keyword-only: passed by name
+        param = ref_by_name.get(arg.name)
+        if param is None and not var_keyword:
+            return wrong(f"the schema's keyword-only argument {arg.name!r} is not a "
+                         "parameter of the reference")
+        if param is not None and param.kind is kind.POSITIONAL_ONLY:
+            return wrong(f"the schema's keyword-only argument {arg.name!r} is "
+                         "positional-only in the reference")
+    # The reference's other parameters: a keyword-only argument of the schema (given by
+    # name; positional-only is refused above), or one of its own with a default.
+    for param in ref_positional[len(positional):] + [p for p in named
+                                                      if p.kind is kind.KEYWORD_ONLY]:
+        if param.name not in schema_names and param.default is kind.empty:
+            return wrong(f"the reference's parameter {param.name!r} is not in the schema "
+                         "and has no default")
+    if renamed:
+        logger.warning("op %r: the reference names its parameters otherwise than the "
+                       "schema (%s); torch passes them by position", definition.name,
+                       ", ".join(renamed))
+    return None
+
+
 def register_op(definition: OpDefinition) -> Any:
     """Register `definition` as `torch.ops.torchbridge.<name>` (once per process) and
     return the op. The same definition again returns the existing op; another definition
-    under a taken name is a KernelError."""
+    under a taken name is a KernelError, and so is a schema whose arguments are not the
+    reference's parameters in order (see _parameters_problem)."""
     name = definition.name
     problem = op_name_problem(name)
     if problem is not None:
@@ -265,6 +355,9 @@ def register_op(definition: OpDefinition) -> Any:
     if not callable(definition.reference):
         raise KernelError(f"op {name!r}: reference must be callable, got "
                           f"{definition.reference!r}")
+    problem = _parameters_problem(definition)
+    if problem is not None:
+        raise KernelError(problem)
     with _lock:
         known = _registered.get(name)
         if known is not None:

@@ -450,3 +450,33 @@ def test_the_callers_model_timed_as_o0_keeps_its_python_state(backend: Any) -> N
     assert torch.equal(model.running, torch.zeros(8)) and "last" not in model.__dict__
     model(torch.randn(4, 32))  # and it still runs as it did
     assert model.calls == 1 and len(model.history) == 1
+
+
+class _SetsUpHooksOnFirstCall(torch.nn.Module):
+    """transformers' way with output_hidden_states: the first call registers forward hooks
+    that collect outputs and marks the model so that later calls do not register them
+    again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if not getattr(self, "hooks_installed", False):
+            for layer in self.layers:
+                layer.register_forward_hook(lambda m, a, out: self.collected.append(out))
+            self.hooks_installed = True
+        self.collected: list[torch.Tensor] = []
+        for layer in self.layers:
+            x = layer(x)
+        return tuple(self.collected)
+
+
+def test_a_model_that_sets_itself_up_at_its_first_call_keeps_that_setup() -> None:
+    """The marker was put back after the calls made to measure, the hooks stayed, and the
+    next call registered them again: every output came back twice, and the run blamed the
+    passes ("output structure changed"). Before: 4 outputs for eager's 2."""
+    model = _SetsUpHooksOnFirstCall().eval()
+    result = torchbridge.get_backend("cpu").optimize(model, "O1", sample_input=torch.randn(2, 8))
+    assert [p.status for p in result.passes if p.name == "device_placement"] == ["applied"]
+    assert len(result.model(torch.randn(2, 8))) == 2

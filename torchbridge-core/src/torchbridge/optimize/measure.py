@@ -130,6 +130,16 @@ class _Attributes:
                     now[key] = copy
 
 
+_HOOK_DICTS = tuple(k for k in sorted(_MODULE_INTERNALS) if "hook" in k)
+
+
+def _hooks(modules: list[torch.nn.Module]) -> list[tuple[Any, ...]]:
+    """The hooks registered on each module (their handles' ids), to tell whether a call
+    registered some."""
+    return [tuple(tuple(getattr(m, name, None) or ()) for name in _HOOK_DICTS)
+            for m in modules]
+
+
 def _restorable(t: torch.Tensor) -> bool:
     # Plain tensors only: a Parameter kept as an attribute is an alias of the module's own,
     # which calls do not change (and copying every such weight at every check would cost).
@@ -148,6 +158,7 @@ def preserved_state(model: Any) -> Iterator[None]:
     training = [m.training for m in modules]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     attributes = [_Attributes(m) for m in modules]
+    hooks = _hooks(modules)
     devices = sorted({str(b.device) for b, _ in buffers if b.device.type == "cuda"})
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
@@ -160,8 +171,13 @@ def preserved_state(model: Any) -> Iterator[None]:
                     buffer.copy_(saved)
         for module, flag in zip(modules, training, strict=True):
             module.training = flag
-        for kept in attributes:
-            kept.restore()
+        # A call that registered hooks set the model up for good (transformers registers
+        # its output-capturing hooks at the first call asking for hidden states, and marks
+        # the model so): its attributes go with the hooks, which stay; putting the mark
+        # back made the next call register them twice, and the outputs came back twice.
+        if _hooks(modules) == hooks:
+            for kept in attributes:
+                kept.restore()
 
 
 def largest_magnitude(t: torch.Tensor) -> float:

@@ -130,7 +130,8 @@ class _Attributes:
                     now[key] = copy
 
 
-_HOOK_DICTS = tuple(k for k in sorted(_MODULE_INTERNALS) if "hook" in k)
+_HOOK_DICTS = tuple(k for k, v in sorted(torch.nn.Module().__dict__.items())
+                    if "hook" in k and isinstance(v, dict))
 
 
 def _hooks(modules: list[torch.nn.Module]) -> list[tuple[Any, ...]]:

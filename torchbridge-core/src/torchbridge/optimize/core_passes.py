@@ -4,7 +4,8 @@
 | --- | --- | --- |
 | device_placement | O0 | always |
 | conv_bn_folding | O1 | eval mode, a BatchNorm fed only by a conv (nn.Sequential order or |
-|  |  | one traced call on the sample input; no torch.fx) |
+|  |  | one traced call on the sample input; no torch.fx); not where a weight is |
+|  |  | recomputed per call or a hook would see the fold (folding.refusal) |
 | channels_last | O1 | the model has Conv2d and the device runs NHWC convolutions natively; |
 |  |  | feature maps come back laid out as eager's (one copy of each) |
 | transformer_composite | O2 | eval mode, nn.TransformerEncoderLayer: off the fused fast path |
@@ -76,12 +77,19 @@ def _fold_conv_bn(model: nn.Module, ctx: PassContext) -> nn.Module:
             model.eval()
             pairs += folding.traced_pairs(model, call)
         how = "one traced call on the sample input"
-    done = folding.fold(model, pairs)
+    left: list[tuple[str, str]] = []
+    done = folding.fold(model, pairs, left)
+    if not done and left:
+        raise PassSkipped(f"left every conv/BatchNorm pair found (by {how}) unfolded: "
+                          f"{folding.describe_left(left)}")
     if not done:
         raise PassSkipped("found no BatchNorm fed only by the convolution before it (by "
                            f"{how}; without a sample input only nn.Sequential pairs are "
                            "found)")
-    ctx.notes.append(f"conv_bn_folding: folded {done} BatchNorm(s), found by {how}")
+    unfolded = f"; left unfolded: {folding.describe_left(left)}" if left else ""
+    ctx.notes.append(f"conv_bn_folding: folded {done} BatchNorm(s), found by {how}"
+                     f"{unfolded}; model.train() unfolds them (training needs the "
+                     "BatchNorm)")
     return model
 
 

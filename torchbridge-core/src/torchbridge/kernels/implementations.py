@@ -121,15 +121,26 @@ def first_floating_dtype(args: Sequence[Any]) -> torch.dtype | None:
                  and a.is_floating_point()), None)
 
 
+class DeclinesRaised(str):
+    """A decline_reason that is the implementation's failure: its `declines` raised. The
+    call runs the reference all the same; a checked kernel refuses the implementation
+    with it, and the substitution gate does not substitute it."""
+
+
 def decline_reason(impl: KernelImplementation, args: Sequence[Any]) -> str | None:
-    """Why `impl` hands this call to the reference (None: it runs it)."""
+    """Why `impl` hands this call to the reference (None: it runs it). A `declines` that
+    raises hands the call to the reference too, with a DeclinesRaised reason: the
+    implementation's failure, not the caller's."""
     dtype = first_floating_dtype(args)
     if impl.dtypes is not None and dtype is not None and dtype not in impl.dtypes:
         return f"dtype {dtype} is not among {impl.name}'s {list(impl.dtypes)}"
     if impl.declines is not None:
-        reason = impl.declines(*args)
-        if reason is not None:
-            return str(reason)
+        try:
+            reason = impl.declines(*args)
+            return None if reason is None else str(reason)
+        except Exception as exc:
+            return DeclinesRaised(f"its declines raised {type(exc).__name__}: "
+                                  f"{short(exc)} (called with {describe_tensors(args)})")
     return None
 
 
@@ -258,21 +269,82 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def short(text: object, limit: int = 160) -> str:
+    """`text` on one line, cut to `limit` characters: a reason quoting an exception or a
+    value (an exception's message may hold a whole tensor's values) stays readable."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
+def layout_class(t: torch.Tensor) -> str:
+    """How `t` lies in memory, as a class a kernel may treat differently (not its exact
+    strides): "contiguous", "channels_last" / "channels_last_3d", "expanded" (a dimension
+    of stride 0: a broadcast), "row-strided" (innermost dimension dense, rows apart),
+    "transposed" (innermost dimension not dense: transposed, permuted), or a non-strided
+    layout's name (sparse)."""
+    if t.layout != torch.strided:
+        return str(t.layout).removeprefix("torch.")
+    if t.is_contiguous():
+        return "contiguous"
+    shape, stride = t.shape, t.stride()
+    if any(s == 0 and n > 1 for n, s in zip(shape, stride, strict=True)):
+        return "expanded"
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return "channels_last"
+    if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
+        return "channels_last_3d"
+    return "row-strided" if stride[-1] == 1 or shape[-1] == 1 else "transposed"
+
+
 def describe_tensors(values: Sequence[Any]) -> str:
-    """`bfloat16[2, 8, 64], float32[64], 1e-06`: a call's arguments, compactly."""
+    """`bfloat16[2, 8, 64], float32[64], 1e-06`: a call's arguments, compactly (a tensor's
+    layout, storage offset and device where they are not the common case)."""
     def one(v: Any) -> str:
         if isinstance(v, torch.Tensor):
-            return f"{dtype_name(v.dtype)}{list(v.shape)}"
+            text = f"{dtype_name(v.dtype)}{list(v.shape)}"
+            try:
+                layout = layout_class(v)
+                offset = v.storage_offset() if v.layout == torch.strided else 0
+            except (RuntimeError, NotImplementedError):  # a subclass without strides
+                layout, offset = "contiguous", 0
+            if layout != "contiguous":
+                text += f" {layout}"
+            if offset:
+                text += f" at storage offset {offset}"
+            return text if v.device.type == "cpu" else f"{text} on {v.device}"
         return f"{v!r:.30}"
     return ", ".join(one(v) for v in values)
 
 
-def output_mismatch(candidate: Any, reference: Any) -> str | None:
-    """What differs in kind between an implementation's output and the reference's: the
-    number of outputs, a tensor's dtype or shape ("returns float32 where the reference
-    returns bfloat16"); None when only values may differ."""
-    cands = torch.utils._pytree.tree_leaves(candidate)
-    refs = torch.utils._pytree.tree_leaves(reference)
+def _kind(value: Any) -> str:
+    """What an output is, for a reason: "a tensor", "a tuple of 2", "None"."""
+    if isinstance(value, torch.Tensor):
+        return "a tensor"
+    if value is None:
+        return "None"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def _structure_mismatch(candidate: Any, reference: Any) -> str | None:
+    """How the containers of `candidate` differ from the reference's (pytree structure:
+    a 1-tuple is not a tensor, a list is not a tuple), or None."""
+    from torchbridge import trees
+
+    cand_spec, ref_spec = trees.flatten(candidate)[1], trees.flatten(reference)[1]
+    if cand_spec == ref_spec:
+        return None
+    cand_kind, ref_kind = _kind(candidate), _kind(reference)
+    if cand_kind != ref_kind:
+        return f"returns {cand_kind} where the reference returns {ref_kind}"
+    return (f"returns {cand_kind} structured as {short(cand_spec, 80)} where the "
+            f"reference's is {short(ref_spec, 80)}")
+
+
+def _leaf_mismatch(cands: Sequence[Any], refs: Sequence[Any]) -> str | None:
+    """What differs in kind between two outputs' leaves (their number, a tensor's device,
+    dtype or shape), or None."""
     if len(cands) != len(refs):
         return f"returns {len(cands)} output(s) where the reference returns {len(refs)}"
     for i, (c, r) in enumerate(zip(cands, refs, strict=True)):
@@ -280,7 +352,10 @@ def output_mismatch(candidate: Any, reference: Any) -> str | None:
         if not isinstance(r, torch.Tensor):
             continue
         if not isinstance(c, torch.Tensor):
-            return f"returns {type(c).__name__}{which} where the reference returns a tensor"
+            return f"returns {_kind(c)}{which} where the reference returns a tensor"
+        if c.device != r.device:
+            return (f"returns a tensor on {c.device}{which} where the reference returns "
+                    f"one on {r.device}")
         if c.dtype != r.dtype:
             return (f"returns {dtype_name(c.dtype)}{which} where the reference returns "
                     f"{dtype_name(r.dtype)}")
@@ -290,17 +365,28 @@ def output_mismatch(candidate: Any, reference: Any) -> str | None:
     return None
 
 
+def output_mismatch(candidate: Any, reference: Any) -> str | None:
+    """What differs in kind between an implementation's output and the reference's: its
+    structure ("returns a tuple of 1 where the reference returns a tensor"), the number of
+    outputs, a tensor's device, dtype or shape ("returns float32 where the reference
+    returns bfloat16"); None when only values may differ."""
+    return _structure_mismatch(candidate, reference) or _leaf_mismatch(
+        torch.utils._pytree.tree_leaves(candidate), torch.utils._pytree.tree_leaves(reference))
+
+
 def relative_error(candidate: Any, reference: Any) -> float:
     """max |candidate - reference| / max |reference| over every tensor output; inf when the
-    structure, shapes or dtypes differ (output_mismatch says how). Positions where the
-    reference is not finite must hold the same value (nan where nan, the same inf)."""
+    number of outputs, a tensor's device, dtype or shape differ (output_mismatch says how;
+    the containers are not compared here). Positions where the reference is not finite
+    must hold the same value (nan where nan, the same inf). Empty tensors of the same
+    shape are equal."""
     cands = torch.utils._pytree.tree_leaves(candidate)
     refs = torch.utils._pytree.tree_leaves(reference)
-    if output_mismatch(candidate, reference) is not None:
+    if _leaf_mismatch(cands, refs) is not None:
         return float("inf")
     worst = 0.0
     for c, r in zip(cands, refs, strict=True):
-        if not isinstance(r, torch.Tensor):
+        if not isinstance(r, torch.Tensor) or not r.numel():
             continue
         if not r.is_floating_point():
             worst = max(worst, 0.0 if torch.equal(c, r) else float("inf"))
@@ -315,7 +401,7 @@ def relative_error(candidate: Any, reference: Any) -> float:
             if not r.numel():
                 continue
         scale = r.abs().max().item() or 1.0
-        diff = (c - r).abs().max().item() if r.numel() else 0.0
+        diff = (c - r).abs().max().item()
         worst = max(worst, diff / scale if diff == diff else float("inf"))
     return worst
 
@@ -466,10 +552,38 @@ _VALUE_TYPES = frozenset((type(None), bool, str, torch.dtype, torch.device, torc
                           torch.memory_format))
 
 
+def _strided_class(t: torch.Tensor) -> str:
+    """layout_class for a strided tensor that is not contiguous, in few queries: called
+    on every call of a checked kernel given one (attention's q, k, v often are)."""
+    stride = t.stride()
+    if 0 in stride:
+        return "expanded"
+    if len(stride) == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return "channels_last"
+    if len(stride) == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
+        return "channels_last_3d"
+    return "row-strided" if stride[-1] == 1 else "transposed"
+
+
+def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """A tensor in a signature: dtype, shape, device, layout class (whether it is
+    contiguous, channels-last, expanded, strided: see layout_class; not its exact strides,
+    so that the key stays small and the signatures few) and whether it starts past its
+    storage's start. A kernel reading memory as if contiguous is right on a contiguous call
+    and wrong on a transposed one of the same shape: the second is a new signature."""
+    try:
+        # Computed on every call: a contiguous tensor (the common case) costs one query.
+        layout = "contiguous" if t.is_contiguous() else _strided_class(t)
+        offset = t.storage_offset() != 0
+    except (RuntimeError, NotImplementedError):  # sparse, nested: no strides to read
+        layout, offset = str(t.layout), False
+    return t.dtype, t.shape, t.device, layout, offset
+
+
 def _argument_key(value: Any, numbers: bool) -> Any:
     # Computed on every call of a checked kernel: the commonest kinds first, by exact type.
     if isinstance(value, torch.Tensor):
-        return value.dtype, value.shape
+        return _tensor_key(value)
     kind = type(value)
     if kind in _VALUE_TYPES:
         return kind, value  # the type too: True and 1 are equal and hash alike
@@ -482,9 +596,10 @@ def _argument_key(value: Any, numbers: bool) -> Any:
 
 def call_signature(args: tuple[Any, ...], kwargs: dict[str, Any], *,
                    numbers: bool = True) -> tuple[Any, ...]:
-    """What a checked kernel checks once per distinct value of: each tensor's dtype and
-    shape, plain non-tensor values (bools, strings, None, dtypes, tuples of them) as they
-    are, other objects by type; numbers by value (`numbers`), else by type.
+    """What a checked kernel checks once per distinct value of: each tensor's dtype,
+    shape, device and layout class (see _tensor_key), plain non-tensor values (bools,
+    strings, None, dtypes, tuples of them) as they are, other objects by type; numbers by
+    value (`numbers`), else by type.
 
     Numbers by value, because an eps or a softmax scale is set once per model and a kernel
     that ignores it (computes the default scale whatever it is given) is wrong only for the
@@ -505,19 +620,21 @@ class BoundKernel:
     not traceable) or the reference. `implementation` and `provider` say which; `reasons`
     why the others were passed over (see choice.KernelChoice).
 
-    `checked` (what `torchbridge.get_kernel` returns): the implementation's first eager
-    call with each argument signature (tensors' dtypes and shapes, other arguments' values:
-    see call_signature; the first MAX_CHECKED_SIGNATURES of them) also runs the reference
-    on the same arguments, before the implementation; an output of the wrong dtype, shape
-    or number, values beyond the tolerance, an argument the implementation wrote into or
-    an output that is an argument (or a view of one) drops the implementation for good
-    (its plugin's error, a warning, the reason in `reasons`), and this call gets the
-    reference's output (arguments it wrote into are put back where they were copied) and
-    every later one runs the reference; selection passes the implementation over from
-    then on (`refusal`), so the next `get_kernel` gets the next best. Calls under
-    torch.compile are not checked (they trace the implementation as it is), nor calls on
-    meta or fake tensors (checked at the first real call). `unchecked()`
-    is the same kernel without the check."""
+    `checked` (what `torchbridge.get_kernel` returns, and what a module substituted by
+    prepare_model's kernel_substitution calls): the implementation's first eager call with
+    each argument signature (tensors' dtypes, shapes, devices and layout classes, other
+    arguments' values: see call_signature; the first MAX_CHECKED_SIGNATURES of them) also
+    runs the reference on the same arguments, before the implementation; an output of the
+    wrong structure, device, dtype, shape or number, values beyond the tolerance, an
+    argument the implementation wrote into, an output that is an argument (or a view of
+    one), an exception, or a `declines` that raises drops the implementation for good
+    (its plugin's error, a warning, the reason in `reasons`, each `on_refusal` told), and
+    this call gets the reference's output (arguments it wrote into are put back where they
+    were copied) and every later one runs the reference; selection passes the
+    implementation over from then on (`refusal`), so the next `get_kernel` gets the next
+    best. Calls under torch.compile are not checked (they trace the implementation as it
+    is), nor calls on meta or fake tensors or under torch.jit.trace (checked at the first
+    real call). `unchecked()` is the same kernel without the check."""
 
     op: str
     call: Callable[..., Any]
@@ -531,6 +648,9 @@ class BoundKernel:
     refused: str | None = None
     backend: str | None = None  # the backend it was chosen for (None: bound directly)
     hook: str = "torchbridge_kernel_implementations"  # the plugin hook it came from
+    # Called with the refusal's message when the check refuses the implementation (the
+    # kernel substitution pass: the report's kernel lines then say so).
+    on_refusal: list[Callable[[str], None]] = field(default_factory=list, repr=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.checked and self.implementation is not None and \
@@ -567,7 +687,11 @@ class BoundKernel:
         definition = ops_module.definition(self.op)
         assert definition is not None
         bound = bind_arguments(self.op, args, kwargs)
-        if decline_reason(impl, bound) is not None:
+        declined = decline_reason(impl, bound)
+        if isinstance(declined, DeclinesRaised):
+            self._refuse(declined)  # its declines failed: the implementation's failure
+            return self.call(*args, **kwargs)  # the reference, from now on
+        if declined is not None:
             return self.call(*args, **kwargs)  # the reference runs it: nothing to check
         # The reference runs first, on the arguments as the caller gave them: an
         # implementation that writes into them cannot change what it is compared with.
@@ -595,10 +719,18 @@ class BoundKernel:
         problem: str | None
         try:
             output = self.call(*run)
+        except OutputKindError as exc:  # the wrapper op's: named, without the values
+            problem = f"{exc.problem} (called with {describe_tensors(bound)})"
         except Exception as exc:
-            problem = f"raised {type(exc).__name__}: {exc}"
+            problem = f"raised {type(exc).__name__}: {short(exc)}"
         else:
-            problem = write_problem(output, before) or call_problem(output, expected, bound)
+            try:
+                problem = write_problem(output, before) or \
+                    call_problem(output, expected, bound)
+            except Exception as exc:  # an output the comparison cannot read
+                problem = (f"returns an output that cannot be compared with the "
+                           f"reference's ({type(exc).__name__}: {short(exc)}; called with "
+                           f"{describe_tensors(bound)})")
         if problem is None:
             self.checked_signatures.add(signature)
             if loose != signature:
@@ -636,6 +768,11 @@ class BoundKernel:
         self.refused = message
         self.implementation, self.provider = None, None
         self.call = definition.reference
+        for tell in self.on_refusal:
+            try:
+                tell(message)
+            except Exception:  # a report that cannot be updated: the refusal stands
+                logger.debug("on_refusal callback failed for %s", self.op, exc_info=True)
 
 
 # Implementations a checked kernel refused: (op, backend, plugin, implementation name) ->
@@ -696,7 +833,8 @@ def uncheckable(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
             return True
     except (AttributeError, RuntimeError):
         pass
-    return False
+    # Under torch.jit.trace: the check's reference run would be recorded in the trace.
+    return torch._C._get_tracing_state() is not None
 
 
 _lock = threading.Lock()
@@ -717,13 +855,18 @@ def wrapper_op(impl: KernelImplementation, provider: str) -> Any:
         definition = ops_module.definition(impl.op)
         assert definition is not None
         reference = definition.reference
+        returns = _returns(impl.op)
 
         def run(*args: Any, **kwargs: Any) -> Any:
             # torch.library passes arguments that have defaults by keyword.
             bound = bind_arguments(impl.op, args, kwargs)
             if decline_reason(impl, bound) is not None:
                 return _op_outputs(reference(*bound))
-            return _op_outputs(impl.forward(*bound), bound)
+            output = impl.forward(*bound)
+            wrong = _returns_problem(output, returns)
+            if wrong is not None:  # torch would say "Unable to cast" and print the values
+                raise OutputKindError(impl.name, wrong)
+            return _op_outputs(output, bound)
 
         def fake(*args: Any, **kwargs: Any) -> Any:
             return _op_outputs(reference(*args, **kwargs))
@@ -767,6 +910,36 @@ def bind(impl: KernelImplementation | None, provider: str | None, op: str,
                            hook=hook)
     return BoundKernel(op, wrapper_op(impl, provider or "unknown"), impl, provider,
                        reasons or [], backend=backend, hook=hook)
+
+
+class OutputKindError(KernelError):
+    """An opaque implementation returned something its op's schema cannot return (a tuple
+    where the op returns a tensor); `problem` says what, without the implementation's
+    name."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(f"{name} {problem}")
+        self.problem = problem
+
+
+def _returns(op: str) -> tuple[str, ...]:
+    """The types the op's schema returns ("Tensor", "Tensor[]", ...)."""
+    packet = getattr(getattr(torch.ops, ops_module.NAMESPACE), op)
+    return tuple(str(r.type) for r in packet.default._schema.returns)
+
+
+def _returns_problem(output: Any, returns: tuple[str, ...]) -> str | None:
+    """How `output` is not what a schema returning `returns` returns (None: it fits)."""
+    if len(returns) == 1 and returns[0] == "Tensor":
+        if not isinstance(output, torch.Tensor):
+            return f"returns {_kind(output)} where the reference returns a tensor"
+    elif len(returns) == 1 and returns[0].endswith("[]"):
+        if not isinstance(output, (tuple, list)):
+            return f"returns {_kind(output)} where the reference returns a list of tensors"
+    elif len(returns) > 1 and not (isinstance(output, (tuple, list))
+                                   and len(output) == len(returns)):
+        return f"returns {_kind(output)} where the reference returns a tuple of {len(returns)}"
+    return None
 
 
 def _op_outputs(output: Any, inputs: tuple[Any, ...] = ()) -> Any:

@@ -145,6 +145,10 @@ def _undo(run: Run, stop: Callable[[Any], bool] | None, why: str) -> list[str]:
     undone: list[str] = []
     while run.applied and run.applied[-1].p.order > 0:
         entry = run.undo_last(after_timing=KEPT_AS_TIMED)
+        if not entry.effective:  # reported "no effect": nothing of it to undo or to name
+            if stop is not None and stop(entry):
+                break
+            continue
         undone.append(entry.p.name)
         run.result.passes[entry.record] = PassRecord(
             entry.p.name, "skipped", f"undone after timing: {why}", entry.plugin,

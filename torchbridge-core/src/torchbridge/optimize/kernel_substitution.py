@@ -26,6 +26,11 @@ and says how its forward calls the op. For each module that matches:
    implementation: the module object, its parameters (tied ones stay tied), state_dict
    keys, attributes and hooks are kept; isinstance still holds. Pickled, it comes back as
    its own class running its own code; deep-copied, it keeps the kernel.
+5. At run time the module calls the implementation checked, as `get_kernel`'s kernels
+   are (BoundKernel.checked): each new call signature (another batch size, a mask, a
+   transposed input) is compared with the reference once, on first use; one that fails
+   refuses the implementation for the process, the call gets the reference's output, and
+   the module's kernel line in the report becomes "refused" with the reason.
 
 With no eligible implementation a module is left alone: the model's own code is the
 reference, and torch.compile can fuse it.
@@ -34,6 +39,7 @@ reference, and torch.compile can fuse it.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import logging
 import statistics
@@ -50,6 +56,7 @@ from torchbridge.kernels.choice import Candidate, KernelChoice, choose, known_op
 from torchbridge.kernels.implementations import (
     TOLERANCES,
     BoundKernel,
+    DeclinesRaised,
     bind,
     bind_arguments,
     decline_reason,
@@ -59,6 +66,7 @@ from torchbridge.kernels.implementations import (
     output_mismatch,
     relative_error,
     restore_inputs,
+    short,
     snapshot_inputs,
     write_problem,
 )
@@ -363,6 +371,8 @@ class _Gate:
                ) -> _Verdict:
         impl = candidate.implementation
         declined = decline_reason(impl, op_call) if op_call else None
+        if isinstance(declined, DeclinesRaised):
+            return _Verdict(False, declined)
         if declined is not None:
             return _Verdict(False, f"declines this module's call: {declined}")
         kernel = bind(impl, candidate.provider, pattern.op)
@@ -376,7 +386,10 @@ class _Gate:
                 label = probe.label
                 if not probe.ran:
                     call = self._reference_run(module, pattern, facts, probe)
-                    if call is None or (call and decline_reason(impl, call) is not None):
+                    declined = decline_reason(impl, call) if call else None
+                    if isinstance(declined, DeclinesRaised):
+                        return _Verdict(False, declined + probe.label)
+                    if call is None or declined is not None:
                         continue  # the reference runs such calls at run time too
                 probe_dtype = first_floating_dtype(probe.args) or torch.float32
                 probe_tol = _tolerance(probe_dtype, self.ctx)
@@ -419,7 +432,7 @@ class _Gate:
                 return _Verdict(True, f"max rel error {error:.2g}, {ratio} the "
                                       "module's own code")
         except Exception as exc:
-            return _Verdict(False, f"raised {type(exc).__name__}: {exc}{label}")
+            return _Verdict(False, f"raised {type(exc).__name__}: {short(exc)}{label}")
         inputs = f" ({checked} inputs checked)" if checked > 1 else ""
         return _Verdict(True, f"max rel error {error:.2g}{inputs}")
 
@@ -623,6 +636,8 @@ def _substitute_with(model: nn.Module, ctx: PassContext, gate: _Gate) -> nn.Modu
     # One choice per (op, dtype) for the run: asking every plugin again for each of thirty
     # identical layers would give the same answer.
     choices: dict[tuple[str, torch.dtype], KernelChoice] = {}
+    # One checked kernel per implementation, shared by the modules it is substituted into.
+    kernels: dict[tuple[str, str, int], BoundKernel] = {}
     for name, module, pattern, facts in matches:
         record: dict[str, Any] = {"module": name, "pattern": pattern.name, "op": pattern.op}
         records.append(record)
@@ -679,15 +694,42 @@ def _substitute_with(model: nn.Module, ctx: PassContext, gate: _Gate) -> nn.Modu
                 rejected.append(f"{label}: {verdict.detail}")
                 logger.warning("kernel %s refused for %s: %s", label, name, verdict.detail)
                 continue
-            substitute(module, pattern, choice.bound(candidate), facts)
+            kernel = _checked_kernel(choice, candidate, kernels)
+            substitute(module, pattern, kernel, facts)
             record.update(status="substituted", implementation=candidate.implementation.name,
                           plugin=candidate.provider, detail=verdict.detail)
+            kernel.on_refusal.append(functools.partial(_refused_later, record))
             break
         else:
             record.update(status="kept", detail="the module's own code runs: " + (
                 "; ".join(rejected) if rejected else "no implementation for this backend"))
         record["rejected"] = rejected
     return model
+
+
+def _checked_kernel(choice: KernelChoice, candidate: Candidate,
+                    kernels: dict[tuple[str, str, int], BoundKernel]) -> BoundKernel:
+    """The kernel a substituted module calls: checked as `torchbridge.get_kernel`'s are
+    (BoundKernel.checked). The gate saw the module's captured call (or synthetic ones);
+    the module's later calls bring other batch sizes, sequence lengths, layouts and masks,
+    and each new signature among them is checked against the reference once, on first
+    use; an implementation failing one is refused for the process and the call gets the
+    reference's output. After that, a call costs a signature lookup. One kernel per
+    implementation for the run: thirty identical layers share its checks."""
+    key = (choice.op, candidate.provider, id(candidate.implementation))
+    kernel = kernels.get(key)
+    if kernel is None:
+        kernel = kernels[key] = choice.bound(candidate)
+        kernel.checked = True
+    return kernel
+
+
+def _refused_later(record: dict[str, Any], message: str) -> None:
+    """A substituted module's kernel refused at a call after the gate passed it: its kernel
+    line says so (the module calls the op's reference from then on), not "substituted"."""
+    if record.get("status") == "substituted":
+        record.update(status="refused", detail=f"{message} (from then on the module "
+                      f"calls the {record.get('op')} reference)")
 
 
 def _check(model: nn.Module, ctx: PassContext) -> str | None:

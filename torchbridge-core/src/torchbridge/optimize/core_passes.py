@@ -247,10 +247,12 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
     for module in model.modules():
         for param in module.parameters(recurse=False):
             owners.setdefault(id(param), []).append(module)
-    cast, kept = 0, 0
+    out_dtype = _model_dtype(model)
+    cast, kept, holders = 0, 0, []
     for module in model.modules():
         if not _matmul_module(module):
             continue
+        holds = False
         for param in module.parameters(recurse=False):
             if not param.is_floating_point() or param.dtype == dtype:
                 continue
@@ -259,12 +261,41 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
                 continue
             param.data = param.data.to(dtype)  # the same Parameter: ties stay ties
             cast += 1
+            holds = True
+        if holds:
+            holders.append(module)
     if kept:
         ctx.notes.append(f"low_precision_weights: {kept} weight(s) shared with an embedding "
                          "or norm kept in their dtype, so that they stay tied")
     if not cast:
         raise PassSkipped("every eligible weight is shared with an embedding or norm")
+    for module in holders:
+        _autocast_when_called_alone(module, ctx.backend.device.type, dtype, out_dtype)
     return model
+
+
+def _autocast_when_called_alone(module: nn.Module, device_type: str, dtype: torch.dtype,
+                                out_dtype: torch.dtype) -> None:
+    """A module holding low-precision weights runs under autocast also when it is called
+    outside the model's forward, which autocast covers: transformers' generate() calls an
+    encoder-decoder's encoder directly (T5, BART, Whisper), CLIP's feature methods its
+    text and vision models; their float32 activations met bfloat16 weights there ("mat1
+    and mat2 must have the same dtype"). Its floating outputs in `dtype` come back in
+    `out_dtype` then, as the model's own forward returns them. Inside the model's
+    forward, one check of the autocast state."""
+
+    def make(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if torch.is_autocast_enabled(device_type):
+                return inner(*args, **kwargs)
+            with torch.autocast(device_type=device_type, dtype=dtype):
+                out = inner(*args, **kwargs)
+            return trees.map_tensors(lambda t: t.to(out_dtype) if t.dtype == dtype else t,
+                                     out)
+        return forward
+
+    install_forward(module, make, lambda twin: _autocast_when_called_alone(
+        twin, device_type, dtype, out_dtype))
 
 
 def _compile_check(model: nn.Module, ctx: PassContext) -> str | None:

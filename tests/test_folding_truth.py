@@ -314,7 +314,7 @@ def test_a_folded_model_switched_to_train_trains_as_eager(bias: bool) -> None:
     # The report no longer lists the fold as applied.
     assert "conv_bn_folding" not in result.optimizations_applied
     undone = next(p for p in result.skipped if p.name == "conv_bn_folding")
-    assert undone.detail.startswith("undone after prepare_model returned")
+    assert undone.detail == "undone after prepare_model returned: " + folding.UNFOLDED_BY_TRAIN
     assert folding.undone_reason(prepared) == folding.UNFOLDED_BY_TRAIN
     # Back in eval, it is eager's model in eval (nothing folds again).
     prepared.eval()

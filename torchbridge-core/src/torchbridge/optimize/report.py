@@ -97,41 +97,58 @@ class OptimizationResult:
         self._note_unfolded()
 
     def _note_unfolded(self) -> None:
-        """A state dict loaded into the prepared model makes its folded BatchNorms
-        BatchNorms again (folding.FoldedBatchNorm): with none left folded, the report says
-        so instead of listing conv_bn_folding as applied."""
-        from torchbridge.optimize.folding import FoldedBatchNorm
+        """A state dict loaded into the prepared model, or train(), makes its folded
+        BatchNorms BatchNorms again (folding.FoldedBatchNorm): with none left folded, the
+        report says so, and why, instead of listing conv_bn_folding as applied."""
+        from torchbridge.optimize.folding import UNFOLDED_BY_LOAD, FoldedBatchNorm, undone_reason
 
         for i, record in enumerate(self.passes):
             if record.name == FOLDING_PASS and record.status == "applied" and not any(
                     isinstance(m, FoldedBatchNorm) for m in self.model.modules()):
+                why = undone_reason(self.model) or UNFOLDED_BY_LOAD
                 self.passes[i] = PassRecord(
-                    record.name, "skipped", "undone after prepare_model returned: a state "
-                    "dict loaded into the model made its BatchNorms BatchNorms again",
+                    record.name, "skipped", f"undone after prepare_model returned: {why}",
                     record.plugin, record.seconds)
 
     def _note_later_compile_failure(self) -> None:
         """The compiled forward runs uncompiled for good once it failed at a call after
         prepare_model returned (a recompile for another input shape that inductor cannot
-        compile: forward.compiled_forward); from then on the report says so too, instead
-        of listing compile as applied."""
+        compile: forward.compiled_forward), once the weights it froze changed (inductor
+        freezing: forward.FrozenTensors), and, for calls its compiled variants do not
+        match, once dynamo reached its recompile limit on it; from then on the report says
+        so too, instead of listing compile, and the compile options riding on it, as
+        applied."""
         from torchbridge.optimize.forward import compile_state
 
         state = compile_state(self.model)
-        if state is None or state.error is None:
+        if state is None or not any(p.name == COMPILE_PASS and p.status == "applied"
+                                    for p in self.passes):
             return
-        why = f"the compiled forward failed at a call after prepare_model returned " \
-              f"({type(state.error).__name__}: {state.error}); the model runs uncompiled " \
-              "from then on"
+        status, head = "failed", ""
+        if state.error is not None:
+            why = f"the compiled forward failed at a call after prepare_model returned " \
+                  f"({type(state.error).__name__}: {state.error}); the model runs " \
+                  "uncompiled from then on"
+        elif state.stale is not None:
+            status, head = "skipped", "undone after prepare_model returned: "
+            why = "the compiled forward held the weights as constants (inductor " \
+                  f"freezing), and {state.stale}; the model runs its forward uncompiled " \
+                  "from then on, reading the weights as they are (prepare it again to " \
+                  "compile them)"
+        elif (limit := state.recompile_limit_reached()) is not None:
+            why = f"after prepare_model returned, {limit}"
+        else:
+            return
         for i, record in enumerate(self.passes):
             if record.status != "applied":
                 continue
             if record.name == COMPILE_PASS:
-                self.passes[i] = PassRecord(record.name, "failed", why, record.plugin,
+                self.passes[i] = PassRecord(record.name, status, head + why, record.plugin,
                                             record.seconds)
             elif record.name in self.compile_dependents:
-                self.passes[i] = PassRecord(record.name, "failed",
-                                            f"{record.name} is a compile option, and {why}",
+                self.passes[i] = PassRecord(record.name, status,
+                                            f"{record.name} is a compile option, and "
+                                            f"{'compile was ' + head if head else ''}{why}",
                                             record.plugin, record.seconds)
 
     @property
@@ -236,7 +253,18 @@ class OptimizationResult:
 
 
 def attach_result(model: nn.Module, result: OptimizationResult) -> None:
+    """The report, on the model prepare_model returns (or that its first call decided on).
+    The weights a frozen compiled forward watches are taken as they are here: what
+    prepare_model's own work left after the compile (buffers put back by its checks, a
+    distributed wrapper's broadcast of rank 0's weights) is not a change made after it
+    returned (forward.FrozenTensors)."""
+    from torchbridge.optimize.forward import compile_state
+
     object.__setattr__(model, _RESULT_ATTR, result)
+    for prepared in (model, getattr(model, "module", None)):  # DistributedDataParallel's
+        state = compile_state(prepared) if isinstance(prepared, nn.Module) else None
+        if state is not None and state.frozen is not None:
+            state.frozen.take()
 
 
 def optimization_result(model: nn.Module) -> OptimizationResult | None:

@@ -69,3 +69,30 @@ def test_inside_the_models_forward_the_modules_add_no_autocast_of_their_own() ->
     with torch.no_grad():
         prepared(torch.randn(3, 4, 8))
     assert seen == [torch.bfloat16]  # autocast's output, inside the model's forward
+
+
+def test_the_reports_reasons_say_what_the_weights_are() -> None:
+    """A bf16 model was skipped because "every eligible weight is shared with an embedding
+    or norm" (none was); weight_norm Linears were reported with their weights stored in
+    bf16, though only their biases were."""
+    from torch.nn.utils import parametrizations
+
+    backend = torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(
+        optimization={"disabled_passes": ["compile"]}))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    result = run_pipeline(backend, model.to(torch.bfloat16), "O3",
+                          sample_input=torch.randn(4, 16, dtype=torch.bfloat16),
+                          timer=_prepared_timer)
+    record = next(p for p in result.passes if p.name == "low_precision_weights")
+    assert (record.status, record.detail) == ("skipped",
+                                              "every eligible weight is in bfloat16 already")
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    with torch.no_grad():
+        parametrizations.weight_norm(model[2])
+    result = run_pipeline(backend, model, "O3", sample_input=torch.randn(4, 16),
+                          timer=_prepared_timer)
+    assert "low_precision_weights" in result.optimizations_applied
+    assert "low_precision_weights: 1 module(s) compute their weight at each call (a " \
+           "parametrization, weight_norm or pruning), which stays in its dtype: 2" \
+           in result.notes

@@ -249,6 +249,12 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
             owners.setdefault(id(param), []).append(module)
     out_dtype = _model_dtype(model)
     cast, kept, holders = 0, 0, []
+    # A weight computed at each call (a parametrization, weight_norm, prune) is no
+    # parameter of its module: it stays in its dtype, and the report says so.
+    computed = [name or type(module).__name__ for name, module in model.named_modules()
+                if _matmul_module(module) and isinstance(getattr(module, "weight", None),
+                                                        torch.Tensor)
+                and "weight" not in module._parameters]
     for module in model.modules():
         if not _matmul_module(module):
             continue
@@ -267,8 +273,16 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
     if kept:
         ctx.notes.append(f"low_precision_weights: {kept} weight(s) shared with an embedding "
                          "or norm kept in their dtype, so that they stay tied")
+    if computed:
+        ctx.notes.append(f"low_precision_weights: {len(computed)} module(s) compute their "
+                         "weight at each call (a parametrization, weight_norm or pruning), "
+                         f"which stays in its dtype: {', '.join(computed[:4])}"
+                         + (f" and {len(computed) - 4} more" if len(computed) > 4 else ""))
     if not cast:
-        raise PassSkipped("every eligible weight is shared with an embedding or norm")
+        name = str(dtype).removeprefix("torch.")
+        raise PassSkipped(f"every eligible weight is in {name} already" if not kept else
+                          "every eligible weight not in " + name + " already is shared "
+                          "with an embedding or norm")
     for module in holders:
         _autocast_when_called_alone(module, ctx.backend.device.type, dtype, out_dtype)
     return model

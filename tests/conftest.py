@@ -96,3 +96,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for marker in ("cuda", "rocm", "xpu", "tpu"):
         if item.get_closest_marker(marker) is not None and not _present(marker):
             pytest.skip(f"needs a {marker} device; none here")
+
+
+@pytest.fixture
+def declare(reload_plugins: None, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """declare(plugin, op, name, forward, **fields): registers a plugin whose one kernel
+    implementation of `op` for cpu is preferred over the others; returns get_kernel's."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # Triton's would serve cpu
+
+    def register(plugin: str, op: str, name: str, forward: Any, **declared: Any) -> Any:
+        from kernel_declaring import _Declares
+
+        torchbridge.register_plugin(_Declares(op, name, forward, **declared), name=plugin)
+        kernel = torchbridge.get_kernel(op, "cpu")
+        assert kernel.label == f"{name} (plugin {plugin})"
+        return kernel
+
+    return register

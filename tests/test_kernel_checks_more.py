@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchbridge
+from kernel_declaring import _errors_of, _row
 from torch import nn
 from torchbridge import KernelImplementation
 from torchbridge.kernels import implementations
-from torchbridge.kernels.choice import kernel_table
 from torchbridge.optimize.pipeline import run_pipeline
 from torchbridge.plugins import plugin_records
 
@@ -56,40 +56,6 @@ def _sdpa_ignoring_the_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             scale: float | None = None, enable_gqa: bool = False
                             ) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
-
-
-class _Declares:
-    """A plugin declaring one implementation for cpu, preferred over the others."""
-
-    def __init__(self, op: str, name: str, forward: Any, **declared: Any) -> None:
-        self.op, self.name, self.forward, self.declared = op, name, forward, declared
-
-    @torchbridge.hookimpl
-    def torchbridge_kernel_implementations(self, backend: Any) -> list[KernelImplementation]:
-        return [KernelImplementation(op=self.op, name=self.name, forward=self.forward,
-                                     backends=("cpu",), priority=100, **self.declared)]
-
-
-@pytest.fixture
-def declare(reload_plugins: None, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # Triton's would serve cpu
-
-    def register(plugin: str, op: str, name: str, forward: Any, **declared: Any) -> Any:
-        torchbridge.register_plugin(_Declares(op, name, forward, **declared), name=plugin)
-        kernel = torchbridge.get_kernel(op, "cpu")
-        assert kernel.label == f"{name} (plugin {plugin})"
-        return kernel
-
-    return register
-
-
-def _errors_of(plugin: str) -> list[str]:
-    return next(r for r in plugin_records() if r.name == plugin).errors
-
-
-def _row(op: str, name: str) -> tuple[str, dict[str, Any]]:
-    entry = next(e for e in kernel_table(torchbridge.get_backend("cpu")) if e["op"] == op)
-    return entry["selected"], next(i for i in entry["implementations"] if i["name"] == name)
 
 
 def _prepare(model: nn.Module, sample: Any, **options: Any) -> Any:

@@ -12,10 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchbridge
-from torchbridge import KernelImplementation
+from kernel_declaring import _errors_of, _row
 from torchbridge.kernels import implementations
-from torchbridge.kernels.choice import kernel_table
-from torchbridge.plugins import plugin_records
 from torchbridge.testing import BackendContract
 
 
@@ -50,40 +48,6 @@ def _sdpa_ignoring_is_causal_and_scale(q: torch.Tensor, k: torch.Tensor, v: torc
                                        is_causal: bool = False, scale: float | None = None,
                                        enable_gqa: bool = False) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-
-
-class _Declares:
-    """A plugin declaring one implementation for cpu, preferred over the others."""
-
-    def __init__(self, op: str, name: str, forward: Any, **declared: Any) -> None:
-        self.op, self.name, self.forward, self.declared = op, name, forward, declared
-
-    @torchbridge.hookimpl
-    def torchbridge_kernel_implementations(self, backend: Any) -> list[KernelImplementation]:
-        return [KernelImplementation(op=self.op, name=self.name, forward=self.forward,
-                                     backends=("cpu",), priority=100, **self.declared)]
-
-
-@pytest.fixture
-def declare(reload_plugins: None, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # Triton's would serve cpu
-
-    def register(plugin: str, op: str, name: str, forward: Any, **declared: Any) -> Any:
-        torchbridge.register_plugin(_Declares(op, name, forward, **declared), name=plugin)
-        kernel = torchbridge.get_kernel(op, "cpu")
-        assert kernel.label == f"{name} (plugin {plugin})"
-        return kernel
-
-    return register
-
-
-def _errors_of(plugin: str) -> list[str]:
-    return next(r for r in plugin_records() if r.name == plugin).errors
-
-
-def _row(op: str, name: str) -> tuple[str, dict[str, Any]]:
-    entry = next(e for e in kernel_table(torchbridge.get_backend("cpu")) if e["op"] == op)
-    return entry["selected"], next(i for i in entry["implementations"] if i["name"] == name)
 
 
 # --- an implementation writing into its inputs, or returning one -----------------------

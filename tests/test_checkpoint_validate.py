@@ -136,7 +136,7 @@ def test_validate_reports_a_backend_that_cannot_run(no_cuda_reason: str) -> None
         torchbridge.validate(model(), torch.randn(2, 16), backends=["cpu"])
     # Compared with itself, a backend passed whatever it computed.
     cpu = torchbridge.get_backend("cpu")
-    for twice in (["cpu", "cpu"], [cpu, cpu]):
+    for twice in (["cpu", "cpu"], [cpu, cpu], ["cpu", "CPU:0"]):
         with pytest.raises(ValueError, match="a backend more than once"):
             torchbridge.validate(model(), torch.randn(2, 16), backends=twice)
 

@@ -72,7 +72,9 @@ MISTAKES = [
     (["validate", "--tolerance", "0"], "--tolerance: must be finite and positive"),
     (["validate", "--backends", "cpu"], "at least two usable backends, but has only 1 (cpu)"),
     # Compared with itself, a backend passed whatever it computed.
-    (["validate", "--backends", "cpu,cpu"], "cpu named more than once in 'cpu,cpu'"),
+    (["validate", "--backends", "cpu,cpu"], "cpu name one device more than once in "
+     "'cpu,cpu'"),
+    (["validate", "--backends", "cpu,CPU:0"], "CPU:0, cpu name one device more than once"),
     (["validate", "--backends", "cpu,cuda"], "backend 'cuda' is unavailable"),
     (["validate", "--backends", "cuda,cpu"], "the reference backend (the first) cannot run"),
     (["validate", "--backends", "cpu,example:5"], "example has 2 device(s); index 5"),

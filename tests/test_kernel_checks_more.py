@@ -197,6 +197,11 @@ def test_a_signature_tells_layouts_and_devices_apart_by_class() -> None:
     assert key(torch.randn(16, 8).t()) == key(torch.randn(16, 8).t())
     nchw = torch.randn(2, 3, 4, 5)
     assert key(nchw) != key(nchw.contiguous(memory_format=torch.channels_last))
+    # The class in the signature is the one reasons name (they once disagreed: a size-1
+    # dimension's zero stride read as a broadcast in one, not in the other).
+    odd = torch.randn(6).as_strided((2, 1, 3), (1, 0, 2))
+    assert implementations.layout_class(odd) == "transposed"
+    assert "transposed" in key(odd)[0]
 
 
 def test_a_substituted_module_checks_a_transposed_input(declare: Any) -> None:

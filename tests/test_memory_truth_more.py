@@ -94,3 +94,12 @@ def test_a_non_contiguous_owner_is_refused_for_what_it_is(
     assert manager.return_to_pool(transposed.contiguous()) is True
     again = manager.allocate_tensor((4, 8))
     assert again.is_contiguous() and manager.pool_stats()["default"]["hits"] == 1
+
+
+def test_a_byte_count_of_numpy_or_torch_is_a_byte_count(manager: MemoryManager) -> None:
+    # np.prod(shape) * 4 or a 0-d tensor passed before the check for bad counts; they must
+    # still (a review found them refused).
+    import numpy as np
+
+    for count in (np.int64(64), np.float32(64.0), torch.tensor(64)):
+        manager.check_allocation(count)

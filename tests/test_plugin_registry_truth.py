@@ -62,17 +62,15 @@ def test_a_refused_registration_under_a_registered_name_keeps_that_plugins_recor
     assert torchbridge.get_backend("acme_truth").name == "acme_truth"
 
 
-def test_a_refused_registration_under_a_disabled_entry_points_name_keeps_its_record(
+def test_a_plugin_registered_under_a_disabled_entry_points_name_replaces_its_record(
         reload_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An entry point that is not loaded holds no name: a fixed plugin registered under it
+    # replaces its record, as it always did (a plugin may rely on it).
     monkeypatch.setenv("TORCHBRIDGE_DISABLE_PLUGINS", "example")
     torchbridge.reload_plugins()
-    for plugin in (FromTheFuture(), Acme("example")):
-        with pytest.raises(PluginError, match="'example' is already in use by the installed "
-                           "plugin 'example' of torchbridge-example-plugin"):
-            torchbridge.register_plugin(plugin, name="example")
-        record = records()["example"]
-        assert (record.group, record.status) == ("torchbridge.plugins", "disabled")
-        assert get_plugin_host().pm.get_plugin("example") is None
+    assert torchbridge.register_plugin(Acme("example"), name="example") == "example"
+    assert (records()["example"].group, records()["example"].status) == ("runtime", "loaded")
+    assert get_plugin_host().pm.get_plugin("example") is not None
 
 
 @pytest.mark.parametrize("taken", ["cpu", "generic", "triton", "example", "acme_truth"])
@@ -130,17 +128,27 @@ def test_unregistering_a_name_that_is_not_registered_is_a_deprecation_warning(
     assert torchbridge.get_backend("acme_truth").name == "acme_truth"
 
 
-@pytest.mark.parametrize("builtin", ["cpu", "generic", "triton"])
-def test_the_builtin_plugins_cannot_be_unregistered(reload_plugins: None,
-                                                    builtin: str) -> None:
-    # docs/plugins/writing.md: the built-in plugins are always there.
-    with pytest.raises(PluginError, match=f"'{builtin}' is built into torchbridge-core and "
+def test_the_cpu_plugin_cannot_be_unregistered(reload_plugins: None) -> None:
+    # Removed, no backend was left: get_backend() said the installation was broken.
+    with pytest.raises(PluginError, match="'cpu' is built into torchbridge-core and "
                        "cannot be unregistered"):
-        torchbridge.unregister_plugin(builtin)
-    assert get_plugin_host().pm.get_plugin(builtin) is not None
-    assert records()[builtin].status == "builtin"
+        torchbridge.unregister_plugin("cpu")
+    assert get_plugin_host().pm.get_plugin("cpu") is not None
+    assert records()["cpu"].status == "builtin"
     assert torchbridge.get_backend("cpu").name == "cpu"
     assert "cpu" in torchbridge.TorchBridgeConfig().hardware.model_dump()
+
+
+@pytest.mark.parametrize("builtin", ["generic", "triton"])
+def test_unregistering_another_builtin_plugin_is_a_deprecation_warning(
+        reload_plugins: None, builtin: str) -> None:
+    # docs/plugins/writing.md: the built-in plugins are always there; removing one worked
+    # (a plugin may rely on it), so it warns before it raises in contract 4.
+    with pytest.warns(DeprecationWarning, match=f"unregister_plugin\\('{builtin}'\\) "
+                      "removes a plugin built into torchbridge-core"):
+        torchbridge.unregister_plugin(builtin)
+    assert get_plugin_host().pm.get_plugin(builtin) is None
+    assert torchbridge.get_backend("cpu").name == "cpu"
 
 
 def test_unregistering_a_disabled_entry_point_is_a_deprecation_warning(

@@ -123,7 +123,7 @@ def _levels(text: str) -> list[str]:
 
 def _backend_list(text: str) -> list[str]:
     from torchbridge.errors import DeviceError
-    from torchbridge.selection import parse_backend_spec
+    from torchbridge.selection import parse_backend_spec, same_device_key
 
     names = [part.strip() for part in text.split(",")]
     if not all(names):
@@ -134,10 +134,12 @@ def _backend_list(text: str) -> list[str]:
             parse_backend_spec(name)
         except DeviceError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-    twice = sorted({name for name in names if names.count(name) > 1})
+    keys = [same_device_key(name) for name in names]
+    twice = sorted({name for name, key in zip(names, keys, strict=True)
+                    if keys.count(key) > 1})
     if twice:  # a backend compared with itself would pass whatever it computes
-        raise argparse.ArgumentTypeError(f"{', '.join(twice)} named more than once in "
-                                         f"{text!r}: name each backend once")
+        raise argparse.ArgumentTypeError(f"{', '.join(twice)} name one device more than "
+                                         f"once in {text!r}: name each backend once")
     return names
 
 

@@ -241,8 +241,11 @@ class MemoryManager:
         plus what this process's allocator has reserved and does not use. Where the backend
         cannot tell free memory the check passes and the allocator decides. A byte count
         that is negative, not finite or not a number is a ConfigurationError."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or \
-                not 0 <= nbytes < math.inf:
+        try:  # NumPy's and torch's numbers too (np.prod(shape) * 4, a 0-d tensor)
+            count = float(nbytes) if not isinstance(nbytes, (bool, str, bytes)) else None
+        except (TypeError, ValueError, RuntimeError):
+            count = None
+        if count is None or not 0 <= count < math.inf:
             raise ConfigurationError(f"nbytes must be a byte count >= 0, got {nbytes!r}",
                                      field="nbytes", value=nbytes)
         margin = self._margin(safety_margin)
@@ -260,8 +263,8 @@ class MemoryManager:
             budget = int(fraction * total) - allocated
             if free is None or budget < free:
                 free, why = budget, f"over max_memory_fraction {fraction:g}"
-        if free is not None and nbytes * margin > free:
-            raise self._oom(nbytes, margin, why)
+        if free is not None and count * margin > free:
+            raise self._oom(int(count), margin, why)
 
     def _margin(self, safety_margin: float | None) -> float:
         margin = memory_setting(self.backend, "oom_safety_margin") \

@@ -532,10 +532,12 @@ def _name_holder(host: PluginHost, name: str) -> tuple[str, str] | None:
         return f"the built-in plugin {name!r} of torchbridge-core", "choose another name"
     plugin = host.pm.get_plugin(name)
     release = f"unregister_plugin({name!r}) first, or choose another name"
-    if record is not None and record.group != "runtime":
+    if record is not None and record.group != "runtime" and plugin is not None:
         dist = f" of {record.distribution}" if record.distribution else ""
         return (f"the installed plugin {name!r}{dist} (entry point {record.module}, "
-                f"{record.status})", release if plugin is not None else "choose another name")
+                f"{record.status})", release)
+    # An entry point that is not loaded (disabled, failed, incompatible) holds no name: a
+    # fixed plugin registered under it replaces its record, as it always did.
     if plugin is not None:
         return f"the plugin {name!r} registered at run time ({type(plugin).__name__})", release
     return None
@@ -588,14 +590,23 @@ def register_plugin(plugin: object, name: str | None = None) -> str:
 def unregister_plugin(name: str) -> None:
     """Remove the plugin registered under `name`: one registered at run time (the name
     register_plugin returned), an entry point's plugin that is loaded, or the record of a
-    run-time registration that was refused. The built-in plugins (cpu, generic, triton)
-    cannot be removed, and a name that is not registered (a typo, a plugin that is
-    disabled or failed to load) raises PluginError; in both cases nothing changes."""
+    run-time registration that was refused. The built-in cpu plugin cannot be removed
+    (PluginError, nothing changes: every backend falls back to it). Removing the built-in
+    generic or triton plugin, and a name that is not registered (a typo, a plugin that is
+    disabled or failed to load), are DeprecationWarnings: they do what they did, and raise
+    PluginError from plugin contract 4."""
     host = get_plugin_host()
     record = host.records.get(name)
-    if name in BUILTIN_PLUGINS or (record is not None and record.group == "builtin"):
+    if name == "cpu" or (record is not None and record.group == "builtin"
+                         and name not in BUILTIN_PLUGINS):
         raise PluginError(f"plugin {name!r} is built into torchbridge-core and cannot be "
-                          "unregistered; nothing was changed")
+                          "unregistered (without it no backend is left, not even cpu); "
+                          "nothing was changed")
+    if name in BUILTIN_PLUGINS:
+        deprecated(name, f"unregister_plugin({name!r}) removes a plugin built into "
+                   "torchbridge-core", "leave it registered (its kernels step aside for a "
+                   "plugin's of higher priority, and config kernel.disabled_ops turns ops "
+                   "off); this will raise PluginError", stacklevel=2)
     plugin = host.pm.get_plugin(name)
     if plugin is None:
         if record is not None and record.group == "runtime":  # a refused registration

@@ -323,6 +323,13 @@ def normalize_name(name: str) -> str:
     return ALIASES.get(name, name)
 
 
+def same_device_key(spec: str) -> tuple[str, int]:
+    """What a backend string names, spelled any way: "CPU", "cpu:0" and "cpu" are one
+    device, as are an alias and its backend ("nvidia", "cuda:0")."""
+    name, index = parse_backend_spec(spec)
+    return normalize_name(name), index
+
+
 def detect_best_backend() -> str:
     """TORCHBRIDGE_BACKEND if set, else the available backend with the highest priority
     ("cuda", "rocm", "xpu", "tpu" or "cpu"): what get_backend() chooses unless a config

@@ -116,7 +116,12 @@ def validate(model: nn.Module, sample_input: Any, backends: list[Any] | None = N
         backends = [s.name for s in list_backends() if s.available]
     if len(backends) < 2:
         raise ValueError(f"validate needs at least two backends to compare, got {backends}")
-    keys = [entry if isinstance(entry, str) else id(entry) for entry in backends]
+    from torchbridge.selection import same_device_key
+
+    # Names by the device they name ("cpu", "CPU:0"); objects by identity (a wrapped
+    # backend on the same device is another backend to compare).
+    keys = [same_device_key(entry) if isinstance(entry, str) else id(entry)
+            for entry in backends]
     if len(set(keys)) < len(keys):  # compared with itself, a backend passes whatever it does
         raise ValueError(f"validate got a backend more than once in {backends}: name each "
                          "backend once")

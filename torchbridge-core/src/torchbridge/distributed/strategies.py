@@ -258,6 +258,40 @@ def _agree(name: str, context: DistributedContext, outcome: dict[str, Any],
         "seed everywhere), or none")
 
 
+class _GivenModel:
+    """The caller's model as given (inplace=True), to put back on a DistributedError: its
+    modules' tables (classes, forwards, submodules, parameter objects) and a host copy of
+    its parameters' and buffers' values: in host memory, not the accelerator's, where
+    inplace=True is asked for to spare a copy."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from torchbridge.optimize.snapshot import ModelSnapshot
+
+        self.tables = ModelSnapshot(model, tensors=False)
+        with torch.no_grad():
+            self.values = [(t, t.detach().to("cpu", copy=True))
+                           for t in [*model.parameters(), *model.buffers()]]
+
+    @classmethod
+    def take(cls, model: nn.Module) -> _GivenModel | None:
+        try:
+            return cls(model)
+        except Exception as exc:  # out of host memory: the run goes on, unprotected
+            logger.warning("prepare_model(inplace=True) could not keep a copy of the model "
+                           "to put back should the ranks disagree: %s", exc)
+            return None
+
+    def restore(self, name: str, rank: int) -> None:
+        try:
+            self.tables.restore()
+            with torch.no_grad():
+                for tensor, value in self.values:
+                    tensor.data = value.to(tensor.device)
+        except Exception as exc:  # the DistributedError is still what every rank raises
+            logger.warning("prepare_model(distributed=%r) failed, and rank %d could not put "
+                           "its model back as it was given: %s", name, rank, exc)
+
+
 def _prepare_every_rank(name: str, backend: Backend, model: nn.Module, level: Any,
                         context: DistributedContext, *, sample_input: Any, inplace: bool,
                         strict: bool | None, quantize: str | Literal[False] | None
@@ -266,7 +300,6 @@ def _prepare_every_rank(name: str, backend: Backend, model: nn.Module, level: An
     same outcome on every rank, or a DistributedError on every rank."""
     from torchbridge.optimize import fastest
     from torchbridge.optimize.pipeline import copy_model, run_pipeline
-    from torchbridge.optimize.snapshot import ModelSnapshot
 
     # The first call is never timed: the wrapper changes the model before it, and each rank
     # would decide on its own timing.
@@ -279,7 +312,7 @@ def _prepare_every_rank(name: str, backend: Backend, model: nn.Module, level: An
     work = model if inplace else copy_model(model, "prepare_model works on a copy")
     # With inplace=True the caller's model is changed by the broadcast and the passes: on a
     # DistributedError it is put back as it was given.
-    given = ModelSnapshot(work) if inplace else None
+    given = _GivenModel.take(work) if inplace else None
     tensors = [*work.parameters(), *work.buffers()]
     _same_tensors(name, context, tensors)
     broadcast_from_rank0(tensors, context.device)
@@ -297,7 +330,7 @@ def _prepare_every_rank(name: str, backend: Backend, model: nn.Module, level: An
         _agree(name, context, _outcome(result, error), error)
     except DistributedError:
         if given is not None:
-            given.restore()
+            given.restore(name, context.rank)
         if result is None:
             raise
         # This rank's run succeeded and changed process-wide settings for a model that is

@@ -284,16 +284,7 @@ def layout_class(t: torch.Tensor) -> str:
     layout's name (sparse)."""
     if t.layout != torch.strided:
         return str(t.layout).removeprefix("torch.")
-    if t.is_contiguous():
-        return "contiguous"
-    shape, stride = t.shape, t.stride()
-    if any(s == 0 and n > 1 for n, s in zip(shape, stride, strict=True)):
-        return "expanded"
-    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
-        return "channels_last"
-    if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
-        return "channels_last_3d"
-    return "row-strided" if stride[-1] == 1 or shape[-1] == 1 else "transposed"
+    return "contiguous" if t.is_contiguous() else _strided_class(t)
 
 
 def describe_tensors(values: Sequence[Any]) -> str:
@@ -555,14 +546,16 @@ _VALUE_TYPES = frozenset((type(None), bool, str, torch.dtype, torch.device, torc
 def _strided_class(t: torch.Tensor) -> str:
     """layout_class for a strided tensor that is not contiguous, in few queries: called
     on every call of a checked kernel given one (attention's q, k, v often are)."""
-    stride = t.stride()
-    if 0 in stride:
+    # One way, for the signature and for the reasons that name it (a size-1 dimension's
+    # stride means nothing: it is not a broadcast, nor a transposition).
+    shape, stride = t.shape, t.stride()
+    if any(s == 0 and n > 1 for n, s in zip(shape, stride, strict=True)):
         return "expanded"
     if len(stride) == 4 and t.is_contiguous(memory_format=torch.channels_last):
         return "channels_last"
     if len(stride) == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
         return "channels_last_3d"
-    return "row-strided" if stride[-1] == 1 else "transposed"
+    return "row-strided" if stride[-1] == 1 or shape[-1] == 1 else "transposed"
 
 
 def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:

@@ -19,6 +19,7 @@ import functools
 import logging
 import operator
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -272,6 +273,10 @@ class FrozenTensors:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
+        # The slow paths re-settle several lists in turn: calls from several threads take
+        # them one at a time (the fast path reads without it, and a torn read only sends a
+        # call down the slow path).
+        self._lock = threading.RLock()
         self.take()
 
     def take(self) -> None:
@@ -281,8 +286,7 @@ class FrozenTensors:
         rank 0's weights into the model (DistributedDataParallel: the same values)."""
         # Each slot: the module's table (_parameters, _buffers), the key, the tensor, its
         # name, and a copy of its values where it is a buffer.
-        self.slots: list[tuple[dict[str, Any], str, torch.Tensor, str, torch.Tensor | None]]
-        self.slots = []
+        slots: list[tuple[dict[str, Any], str, torch.Tensor, str, torch.Tensor | None]] = []
         # FSDP writes the weights into the model at every call (all-gathered, the same
         # values): nothing here could tell that from a change. Not watched.
         modules = [] if _under_fsdp(self.model) else \
@@ -295,9 +299,11 @@ class FrozenTensors:
                             continue
                         copied = t.detach().clone() if table is module._buffers and \
                             _plain(t) else None
-                        self.slots.append((table, key, t, f"{prefix}.{key}" if prefix
-                                           else key, copied))
-        self._settle([self._probe(i) for i in range(len(self.slots))])
+                        slots.append((table, key, t, f"{prefix}.{key}" if prefix
+                                      else key, copied))
+        with self._lock:
+            self.slots = slots
+            self._settle([self._probe(i) for i in range(len(self.slots))])
 
     def _settle(self, probes: list[tuple[int, ...] | None]) -> None:
         """Watch the slots whose probes could be taken, as those probes say they are."""
@@ -341,6 +347,12 @@ class FrozenTensors:
         changed, in words. (The tensors are held here: an id is not reused meanwhile.)"""
         if self._read() == self._expected:
             return None
+        with self._lock:
+            return self._changed()
+
+    def _changed(self) -> str | None:
+        if self._read() == self._expected:  # settled by another thread meanwhile
+            return None
         if any(table.get(key) is not t for table, key, t, _, _ in self.slots):
             # A tensor replaced in its slot (load_state_dict(assign=True), an attribute
             # set): dynamo's guards hold to each tensor, so the forward compiles again,
@@ -370,8 +382,9 @@ class FrozenTensors:
         read live by the graph; no longer watched."""
         if list(map(_VERSION, self._plain)) == self._expected[1]:
             return
-        self._settle([probe if self._probe(i) == probe else None
-                      for i, probe in enumerate(self.probes)])
+        with self._lock:
+            self._settle([probe if self._probe(i) == probe else None
+                          for i, probe in enumerate(self.probes)])
 
 
 _VERSION = operator.attrgetter("_version")

@@ -142,8 +142,8 @@ def _disabled_unknown(backend: Backend, collected: CollectedPasses) -> list[str]
         hint = f"; did you mean {close[0]!r}?" if close else ""
         notes.append(f"config optimization.disabled_passes names {name!r}, which no pass of "
                      f"this run has, so it disabled nothing{hint}")
-    for note in notes:
-        logger.warning("%s", note)
+    for note in notes:  # info: a pass of another backend's plugin is no mistake
+        logger.info("%s", note)
     return notes
 
 

@@ -1,4 +1,5 @@
-"""Did-you-mean suggestions for names a user types: commands, backends, levels, config keys.
+"""Names in messages: did-you-mean suggestions for names a user types (commands, backends,
+levels, config keys), and long lists of names cut short.
 
 Plain Python (difflib), no torch: the command line uses it before anything heavy loads.
 """
@@ -6,7 +7,7 @@ Plain Python (difflib), no torch: the command line uses it before anything heavy
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 # difflib's similarity (2 x matching characters / both lengths) a suggestion needs. Its
 # default, 0.6, offers 'float8' for 'lots'; 0.65 still finds 'mlp' for 'mpl' (0.67).
@@ -29,3 +30,9 @@ def did_you_mean(word: str, choices: Iterable[str], *,
     choice (repr by default: quoted)."""
     matches = [m for m in close_matches(word, choices) if m != word]
     return f"; did you mean {show(matches[0])}?" if matches else ""
+
+
+def shortened(names: Sequence[str], limit: int, sep: str = ", ") -> str:
+    """The first `limit` names joined by `sep`, then " and N more" for the rest."""
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return sep.join(names[:limit]) + more

@@ -41,6 +41,7 @@ from torchbridge.distributed.dcp_safe import (
 )
 from torchbridge.distributed.strategies import broadcast_from_rank0, user_module
 from torchbridge.errors import CheckpointError
+from torchbridge.suggestions import shortened
 
 logger = logging.getLogger(__name__)
 
@@ -247,8 +248,7 @@ def _refuse_unexpected(model_state: dict[str, Any], reader: SafeReader, path: Pa
     unexpected = sorted(key.removeprefix("model.") for key in held
                         if key.startswith("model.") and key not in wanted)
     if unexpected:
-        shown = ", ".join(unexpected[:10]) + (f" and {len(unexpected) - 10} more"
-                                              if len(unexpected) > 10 else "")
+        shown = shortened(unexpected, 10)
         raise CheckpointError(
             f"cannot load distributed checkpoint {path} into {type(inner).__name__}: the "
             f"checkpoint holds {len(unexpected)} model entries the model lacks ({shown}); "

@@ -32,6 +32,7 @@ from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize import folding, inductor_backend, settings
 from torchbridge.optimize.forward import (
     autocast_forward,
+    autocast_when_called_alone,
     compile_state,
     compiled_forward,
     install_forward,
@@ -39,6 +40,7 @@ from torchbridge.optimize.forward import (
 from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
 from torchbridge.optimize.quantize import int8_float32_reason
+from torchbridge.suggestions import shortened
 
 # Devices whose convolution libraries (oneDNN, cuDNN, MIOpen) have native NHWC kernels.
 CHANNELS_LAST_DEVICES = {"cpu", "cuda", "xpu"}
@@ -276,40 +278,15 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
     if computed:
         ctx.notes.append(f"low_precision_weights: {len(computed)} module(s) compute their "
                          "weight at each call (a parametrization, weight_norm or pruning), "
-                         f"which stays in its dtype: {', '.join(computed[:4])}"
-                         + (f" and {len(computed) - 4} more" if len(computed) > 4 else ""))
+                         f"which stays in its dtype: {shortened(computed, 4)}")
     if not cast:
         name = str(dtype).removeprefix("torch.")
         raise PassSkipped(f"every eligible weight is in {name} already" if not kept else
                           "every eligible weight not in " + name + " already is shared "
                           "with an embedding or norm")
     for module in holders:
-        _autocast_when_called_alone(module, ctx.backend.device.type, dtype, out_dtype)
+        autocast_when_called_alone(module, ctx.backend.device.type, dtype, out_dtype)
     return model
-
-
-def _autocast_when_called_alone(module: nn.Module, device_type: str, dtype: torch.dtype,
-                                out_dtype: torch.dtype) -> None:
-    """A module holding low-precision weights runs under autocast also when it is called
-    outside the model's forward, which autocast covers: transformers' generate() calls an
-    encoder-decoder's encoder directly (T5, BART, Whisper), CLIP's feature methods its
-    text and vision models; their float32 activations met bfloat16 weights there ("mat1
-    and mat2 must have the same dtype"). Its floating outputs in `dtype` come back in
-    `out_dtype` then, as the model's own forward returns them. Inside the model's
-    forward, one check of the autocast state."""
-
-    def make(inner: Callable[..., Any]) -> Callable[..., Any]:
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if torch.is_autocast_enabled(device_type):
-                return inner(*args, **kwargs)
-            with torch.autocast(device_type=device_type, dtype=dtype):
-                out = inner(*args, **kwargs)
-            return trees.map_tensors(lambda t: t.to(out_dtype) if t.dtype == dtype else t,
-                                     out)
-        return forward
-
-    install_forward(module, make, lambda twin: _autocast_when_called_alone(
-        twin, device_type, dtype, out_dtype))
 
 
 def _compile_check(model: nn.Module, ctx: PassContext) -> str | None:

@@ -58,6 +58,7 @@ from torch.nn.utils import parametrize
 from torch.overrides import TorchFunctionMode
 
 from torchbridge import trees
+from torchbridge.suggestions import shortened
 
 logger = logging.getLogger(__name__)
 
@@ -455,9 +456,7 @@ def describe_left(left: list[tuple[str, str]]) -> str:
         by_reason.setdefault(why, []).append(pair)
     parts = []
     for why, names in by_reason.items():
-        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6
-                                         else "")
-        parts.append(f"{shown} ({why})")
+        parts.append(f"{shortened(names, 6)} ({why})")
     return "; ".join(parts)
 
 

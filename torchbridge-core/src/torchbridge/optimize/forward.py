@@ -29,6 +29,7 @@ from torch import nn
 
 from torchbridge import trees
 from torchbridge.errors import ModelOptimizationError
+from torchbridge.suggestions import shortened
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,29 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
 
 def _cast_back(out: Any, dtype: torch.dtype, out_dtype: torch.dtype) -> Any:
     return trees.map_tensors(lambda t: t.to(out_dtype) if t.dtype == dtype else t, out)
+
+
+def autocast_when_called_alone(module: nn.Module, device_type: str, dtype: torch.dtype,
+                                out_dtype: torch.dtype) -> None:
+    """A module holding low-precision weights runs under autocast also when it is called
+    outside the model's forward, which autocast covers: transformers' generate() calls an
+    encoder-decoder's encoder directly (T5, BART, Whisper), CLIP's feature methods its
+    text and vision models; their float32 activations met bfloat16 weights there ("mat1
+    and mat2 must have the same dtype"). Its floating outputs in `dtype` come back in
+    `out_dtype` then, as the model's own forward returns them. Inside the model's
+    forward, one check of the autocast state."""
+
+    def make(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if torch.is_autocast_enabled(device_type):
+                return inner(*args, **kwargs)
+            with torch.autocast(device_type=device_type, dtype=dtype):
+                out = inner(*args, **kwargs)
+            return _cast_back(out, dtype, out_dtype)
+        return forward
+
+    install_forward(module, make, lambda twin: autocast_when_called_alone(
+        twin, device_type, dtype, out_dtype))
 
 
 class CompileState:
@@ -370,10 +394,8 @@ class FrozenTensors:
                 continue
             changed.append(name)
         if changed:
-            shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more"
-                                              if len(changed) > 3 else "")
-            return (f"{shown} changed after it compiled (a load_state_dict, an in-place "
-                    "write, or its .data replaced)")
+            return (f"{shortened(changed, 3)} changed after it compiled (a load_state_dict, an "
+                    "in-place write, or its .data replaced)")
         self._settle(probes)
         return None
 

@@ -33,6 +33,7 @@ from torchbridge.optimize.run import Run
 from torchbridge.optimize.settings import ProcessSetting
 from torchbridge.plugins import get_plugin_host
 from torchbridge.progress import progress
+from torchbridge.suggestions import did_you_mean, shortened
 from torchbridge.types import DeviceInfo
 
 if TYPE_CHECKING:
@@ -138,10 +139,8 @@ def _disabled_unknown(backend: Backend, collected: CollectedPasses) -> list[str]
     for name in dict.fromkeys(backend.config.optimization.disabled_passes):
         if name in names:
             continue
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
         notes.append(f"config optimization.disabled_passes names {name!r}, which no pass of "
-                     f"this run has, so it disabled nothing{hint}")
+                     f"this run has, so it disabled nothing{did_you_mean(name, names)}")
     for note in notes:  # info: a pass of another backend's plugin is no mistake
         logger.info("%s", note)
     return notes
@@ -181,12 +180,10 @@ def refuse_float64(model: nn.Module, sample_input: Any, info: DeviceInfo) -> Non
     found += [f"sample_input[{i}]" for i, leaf in enumerate(pytree.tree_leaves(sample_input))
               if isinstance(leaf, torch.Tensor) and leaf.dtype == torch.float64]
     if found:
-        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5
-                                        else "")
         raise UnsupportedDtypeError(
-            f"float64 tensors ({shown}): {info.name} has no float64 support (its device "
-            "description says fp64 is False), so the model cannot run there. Convert the "
-            "model and its inputs with .float() (or .to(torch.float32)) first")
+            f"float64 tensors ({shortened(found, 5)}): {info.name} has no float64 support "
+            "(its device description says fp64 is False), so the model cannot run there. "
+            "Convert the model and its inputs with .float() (or .to(torch.float32)) first")
 
 
 def quantize_mode(backend: Backend, quantize: Any) -> str | None:

@@ -26,6 +26,7 @@ from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipp
 from torchbridge.optimize.quantize_gate import AccuracyGate, QuantizationReport, unsupported
 from torchbridge.optimize.report import QUANTIZE_NOT_ASKED, QUANTIZE_PASS
 from torchbridge.optimize.run import skip_reason
+from torchbridge.suggestions import shortened
 
 logger = logging.getLogger(__name__)
 
@@ -222,10 +223,6 @@ def _quantize_each(linears: list[tuple[str, nn.Linear]], config: Any,
     return done, refused
 
 
-def _names(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-
 def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Module:
     mode = ctx.quantize
     assert mode is not None
@@ -239,7 +236,7 @@ def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Modu
                if isinstance(m._parameters.get("weight"), nn.Parameter)]
     if computed and not linears:
         raise PassSkipped(f"{mode}: every nn.Linear computes its weight at each call "
-                          f"(pruning, weight_norm or a parametrization): {_names(computed)}")
+                          f"(pruning, weight_norm or a parametrization): {shortened(computed, 3)}")
     tied = {id(p) for m in model.modules() if not isinstance(m, nn.Linear)
             for p in m.parameters(recurse=False)}
     untied = [name for name, m in linears if id(m.weight) in tied]
@@ -263,13 +260,12 @@ def _quantize(model: nn.Module, ctx: PassContext, gate: AccuracyGate) -> nn.Modu
         ctx.notes.append(f"quantize: {left} Linear layer(s) left unquantized by torchao "
                          "(shapes its kernels do not take)")
     if refused:
-        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
         ctx.notes.append(f"quantize: {len(refused)} Linear layer(s) kept in float, torchao "
-                         f"failed on them: {'; '.join(refused[:3])}{more}")
+                         f"failed on them: {shortened(refused, 3, '; ')}")
     if computed:
         ctx.notes.append(f"quantize: {len(computed)} Linear layer(s) kept in float, their "
                          "weight computed at each call (pruning, weight_norm or a "
-                         f"parametrization): {_names(computed)}")
+                         f"parametrization): {shortened(computed, 3)}")
     if untied := [n for n in untied if n in done]:
         ctx.notes.append(f"quantize: {', '.join(untied)} shared its weight with an "
                          "embedding: the Linear now holds a quantized copy, the embedding "

@@ -37,6 +37,7 @@ from torch.nn.parameter import is_lazy
 from torchbridge.errors import ModelOptimizationError
 from torchbridge.optimize import settings as process
 from torchbridge.optimize.forward import FORWARD_KEYS
+from torchbridge.suggestions import shortened
 from torchbridge.tensor_bits import same_bits
 
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
@@ -175,24 +176,20 @@ class ModelChanges:
     def describe(self) -> str:
         parts = []
         if self.tensors:
-            parts.append(f"tensors {_names(self.tensors)}")
+            parts.append(f"tensors {shortened(self.tensors, 4)}")
         if self.structure:
-            parts.append(f"modules {_names(self.structure)}")
+            parts.append(f"modules {shortened(self.structure, 4)}")
         if self.attributes:
-            parts.append(f"attributes of {_names(self.attributes)}")
+            parts.append(f"attributes of {shortened(self.attributes, 4)}")
         if self.forward:
-            parts.append(f"the forward of {_names(self.forward)}")
+            parts.append(f"the forward of {shortened(self.forward, 4)}")
         if self.training:
-            parts.append(f"the training flag of {_names(self.training)}")
+            parts.append(f"the training flag of {shortened(self.training, 4)}")
         parts += [f"{name} ({before!r} -> {after!r})"
                   for name, (_, before, after) in self.settings.items()]
         if self.replaced:
             parts.append("returned a different model object")
         return "; ".join(parts) or "nothing"
-
-
-def _names(items: list[str]) -> str:
-    return ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
 
 
 def _flipped(where: str, before: dict[str, Any], now: dict[str, Any]) -> str:
@@ -284,8 +281,8 @@ class ModelSnapshot:
         adds = [k for k in keys if k not in given_keys]
         if lacks or adds:
             found.unlike.append("its state_dict keys differ" + (
-                f", lacking {_names(lacks)}" if lacks else "") + (
-                f", adding {_names(adds)}" if adds else ""))
+                f", lacking {shortened(lacks, 4)}" if lacks else "") + (
+                f", adding {shortened(adds, 4)}" if adds else ""))
         modules = {name: (module, cls, table)
                    for name, module, cls, table, _ in self.modules}
         own = {id(module) for module, _, _ in modules.values()}

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchbridge
-from kernel_declaring import _errors_of, _row
+from kernel_declaring import RmsNormBlock, _errors_of, _row
 from torchbridge.kernels import implementations
 from torchbridge.testing import BackendContract
 
@@ -254,7 +254,6 @@ def test_kernel_substitution_refuses_a_kernel_that_writes_into_its_input(
     # The O3 gate compared the module's output through the kernel with the reference's on
     # inputs the kernel had already scaled in place: "max rel error 0", substituted, and the
     # module then wrote into the caller's activations on every call.
-    from torch import nn
     from torchbridge.optimize.pipeline import run_pipeline
 
     def scaled_in_place(x: torch.Tensor, weight: Any = None, eps: float = 1e-6
@@ -264,18 +263,10 @@ def test_kernel_substitution_refuses_a_kernel_that_writes_into_its_input(
 
     declare("writes_kernels", "rms_norm", "rms_in_place", scaled_in_place, traceable=True)
 
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.norm, self.proj = nn.RMSNorm(64, eps=1e-6), nn.Linear(64, 64)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + self.proj(self.norm(x))
-
     config = torchbridge.TorchBridgeConfig(optimization={"disabled_passes": [
         "compile", "autocast", "low_precision_weights"]})
     torch.manual_seed(0)
-    result = run_pipeline(torchbridge.get_backend("cpu", config), Block().eval(), "O3",
+    result = run_pipeline(torchbridge.get_backend("cpu", config), RmsNormBlock().eval(), "O3",
                           sample_input=torch.randn(8, 64))
     line = next(s for s in result.kernel_substitutions if s["module"] == "norm")
     # Passed over with the reason; another implementation (or the module's own code) runs.

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torchbridge
+from kernel_declaring import RmsNormBlock
 from torch import nn
 from torchbridge.levels import OptimizationLevel
 from torchbridge.optimize.passes import OptimizationPass
@@ -349,14 +350,6 @@ def test_a_kernel_substitution_undone_after_timing_is_not_reported_substituted(
             return [KernelImplementation(op="rms_norm", name="exact_rms", forward=rms,
                                          backends=("cpu",), traceable=True, priority=10)]
 
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.norm, self.proj = nn.RMSNorm(64, eps=1e-6), nn.Linear(64, 64)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + self.proj(self.norm(x))
-
     def o0_is_fastest(label: str, call: Any) -> float:
         call()
         return 1.0 if label == "O0" else 2.0
@@ -366,7 +359,7 @@ def test_a_kernel_substitution_undone_after_timing_is_not_reported_substituted(
         "compile", "autocast", "low_precision_weights"]})
     backend = torchbridge.get_backend("cpu", config)
     torch.manual_seed(0)
-    result = run_pipeline(backend, Block().eval(), "O3", sample_input=torch.randn(8, 64),
+    result = run_pipeline(backend, RmsNormBlock().eval(), "O3", sample_input=torch.randn(8, 64),
                           timer=o0_is_fastest)
     assert type(result.model.norm) is nn.RMSNorm  # O0 kept: the module's own code
     lines = {line["module"]: line for line in result.kernel_substitutions}

@@ -36,6 +36,7 @@ from torchbridge.optimize.forward import (
     compile_state,
     compiled_forward,
     install_forward,
+    linear_from_low_precision_copy,
 )
 from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
@@ -243,21 +244,23 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
     # Norms, embeddings and buffers stay float32: autocast runs norms in float32 anyway,
     # and an embedding's output would otherwise change dtype outside autocast's control.
     # A weight tied to one of those (an LM head sharing the embedding) stays float32 too:
-    # casting a copy would untie it (50% more parameters, both in checkpoints).
+    # casting a copy would untie it (50% more parameters, both in checkpoints). An
+    # nn.Linear holding one computes from a copy in `dtype` instead, kept beside it
+    # (forward.linear_from_low_precision_copy: no parameter, the tie stays).
     dtype = ctx.state["autocast_dtype"]
     owners: dict[int, list[nn.Module]] = {}
     for module in model.modules():
         for param in module.parameters(recurse=False):
             owners.setdefault(id(param), []).append(module)
     out_dtype = _model_dtype(model)
-    cast, kept, holders = 0, 0, []
+    cast, kept, holders, copying = 0, 0, [], []
     # A weight computed at each call (a parametrization, weight_norm, prune) is no
     # parameter of its module: it stays in its dtype, and the report says so.
     computed = [name or type(module).__name__ for name, module in model.named_modules()
                 if _matmul_module(module) and isinstance(getattr(module, "weight", None),
                                                         torch.Tensor)
                 and "weight" not in module._parameters]
-    for module in model.modules():
+    for name, module in model.named_modules():
         if not _matmul_module(module):
             continue
         holds = False
@@ -266,6 +269,8 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
                 continue
             if not all(_matmul_module(m) for m in owners[id(param)]):
                 kept += 1
+                if param is module._parameters.get("weight") and _plain_linear(module):
+                    copying.append((name or type(module).__name__, module))
                 continue
             param.data = param.data.to(dtype)  # the same Parameter: ties stay ties
             cast += 1
@@ -275,6 +280,14 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
     if kept:
         ctx.notes.append(f"low_precision_weights: {kept} weight(s) shared with an embedding "
                          "or norm kept in their dtype, so that they stay tied")
+    if copying and cast:
+        size = sum(m.weight.numel() for _, m in copying) * dtype.itemsize / 2**20
+        ctx.notes.append(
+            f"low_precision_weights: {shortened([n for n, _ in copying], 4)}: while the "
+            "shared weight stays as it is, uncompiled calls under autocast that need no "
+            f"gradient compute from a {str(dtype).removeprefix('torch.')} copy of it "
+            f"({size:.1f} MiB, made at the first such call and again when the weight "
+            "changes), not a cast of all of it at every call")
     if computed:
         ctx.notes.append(f"low_precision_weights: {len(computed)} module(s) compute their "
                          "weight at each call (a parametrization, weight_norm or pruning), "
@@ -286,7 +299,16 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
                           "with an embedding or norm")
     for module in holders:
         autocast_when_called_alone(module, ctx.backend.device.type, dtype, out_dtype)
+    for _, module in copying:
+        linear_from_low_precision_copy(module, ctx.backend.device.type, dtype)
     return model
+
+
+def _plain_linear(module: nn.Module) -> bool:
+    """An nn.Linear running nn.Linear's own forward: one whose forward a subclass or an
+    earlier pass replaced may compute something else from its weight."""
+    return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward \
+        and "forward" not in module.__dict__
 
 
 def _compile_check(model: nn.Module, ctx: PassContext) -> str | None:

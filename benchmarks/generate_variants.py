@@ -4,10 +4,7 @@ steps could take. generate() passes a KV cache, so its calls run O3's forward un
 (the compiled forward serves calls shaped like the sample input): bf16 Linear weights
 under autocast. The other rows separate the two halves of that: the whole model in bf16
 without autocast (no casts; elementwise ops in bf16 too, so not what O3 computes), and
-float32 weights under autocast (the casts, weights cast every call). "O3, tied head cast
-each call" is O3 as it was before its LM head (tied to the embedding, so kept float32)
-computed from a bf16 copy (forward.linear_from_low_precision_copy, removed from the head
-here): autocast cast the whole head's weight at every step.
+float32 weights under autocast (the casts, weights cast every call).
 
     python benchmarks/generate_variants.py [--rounds 7] [--new-tokens 32]
 
@@ -41,21 +38,6 @@ class _Autocast(torch.nn.Module):
             return self.model.generate(*args, **kwargs)
 
 
-def _casting_the_head_each_call(model: torch.nn.Module) -> torch.nn.Module:
-    """`model` (prepared) with its Linears' forwards from linear_from_low_precision_copy
-    removed: nn.Linear's own runs, under autocast, as before that copy existed."""
-    removed = 0
-    for module in model.modules():
-        forward = module.__dict__.get("forward")
-        code = getattr(forward, "__code__", None)
-        if code is not None and code.co_qualname.startswith("linear_from_low_precision_copy"):
-            del module.__dict__["forward"]
-            removed += 1
-    if not removed:
-        raise SystemExit("no Linear computes from a low-precision copy: nothing to compare")
-    return model
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
@@ -63,9 +45,9 @@ def main() -> None:
     args = parser.parse_args()
     backend = torchbridge.get_backend()
     print(machine(backend))
-    print("| model | eager fp32 tok/s | O3 | O3, tied head cast each call | whole model bf16, "
-          "no autocast | fp32 weights under autocast |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| model | eager fp32 tok/s | O3 | whole model bf16, no autocast | fp32 weights "
+          "under autocast |")
+    print("| --- | --- | --- | --- | --- |")
     for ref in hf_reference_models():
         if not ref.is_decoder:
             continue
@@ -75,8 +57,6 @@ def main() -> None:
             "eager": base,
             "O3": backend.prepare_model(copy.deepcopy(base), "O3",
                                         sample_input={"input_ids": ids}),
-            "O3 head cast": _casting_the_head_each_call(backend.prepare_model(
-                copy.deepcopy(base), "O3", sample_input={"input_ids": ids})),
             "bf16": copy.deepcopy(base).to(torch.bfloat16),
             "autocast": _Autocast(copy.deepcopy(base)),
         }

@@ -36,7 +36,7 @@ from torchbridge.optimize.forward import (
     compile_state,
     compiled_forward,
     install_forward,
-    linear_from_low_precision_copy,
+    outputs_cast_back,
 )
 from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
@@ -242,52 +242,59 @@ def _weights_check(model: nn.Module, ctx: PassContext) -> str | None:
 
 def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
     # Norms, embeddings and buffers stay float32: autocast runs norms in float32 anyway,
-    # and an embedding's output would otherwise change dtype outside autocast's control.
-    # A weight tied to one of those (an LM head sharing the embedding) stays float32 too:
-    # casting a copy would untie it (50% more parameters, both in checkpoints). An
-    # nn.Linear holding one computes from a copy in `dtype` instead, kept beside it
-    # (forward.linear_from_low_precision_copy: no parameter, the tie stays).
+    # and an embedding gains nothing from it. A weight tied to a norm or another module
+    # stays float32 too: casting a copy would untie it (50% more parameters, both in
+    # checkpoints). A weight an embedding shares with Linears (an LM head tied to it) is
+    # stored in `dtype` for all of them, one tensor still, the embedding's output cast
+    # back: kept float32, autocast cast all of it at each uncompiled call (each decoding
+    # step of generate(): 0.17 ms of a 1.3 ms step, the suite's Llama, 8192 x 256), and
+    # under inference_mode the prefill's last position (hidden_states[:, -1:]) went
+    # through a batched matmul copying the expanded weight (4 ms once per generate()):
+    # generate() after O3 ran 0.73x-0.77x eager's tokens per second (2-core AMD EPYC,
+    # benchmarks/generate_variants.py). Its output drift did not move (the suite's Llama
+    # and GPT-2, max relative error 4.7e-3 and 4.9e-3 kept float32, 4.5e-3 and 5.2e-3).
     dtype = ctx.state["autocast_dtype"]
     owners: dict[int, list[nn.Module]] = {}
     for module in model.modules():
         for param in module.parameters(recurse=False):
             owners.setdefault(id(param), []).append(module)
     out_dtype = _model_dtype(model)
-    cast, kept, holders, copying = 0, 0, [], []
+    cast, kept, holders = 0, 0, []
+    embeddings: list[nn.Module] = []  # holding a weight cast with the Linears sharing it
     # A weight computed at each call (a parametrization, weight_norm, prune) is no
     # parameter of its module: it stays in its dtype, and the report says so.
     computed = [name or type(module).__name__ for name, module in model.named_modules()
                 if _matmul_module(module) and isinstance(getattr(module, "weight", None),
                                                         torch.Tensor)
                 and "weight" not in module._parameters]
-    for name, module in model.named_modules():
+    for module in model.modules():
         if not _matmul_module(module):
             continue
         holds = False
         for param in module.parameters(recurse=False):
             if not param.is_floating_point() or param.dtype == dtype:
                 continue
-            if not all(_matmul_module(m) for m in owners[id(param)]):
+            sharing = owners[id(param)]
+            if not all(_matmul_module(m) or isinstance(m, nn.Embedding) for m in sharing):
                 kept += 1
-                if param is module._parameters.get("weight") and _plain_linear(module):
-                    copying.append((name or type(module).__name__, module))
                 continue
             param.data = param.data.to(dtype)  # the same Parameter: ties stay ties
             cast += 1
             holds = True
+            embeddings += [m for m in sharing
+                           if isinstance(m, nn.Embedding) and all(m is not e for e in embeddings)]
         if holds:
             holders.append(module)
     if kept:
-        ctx.notes.append(f"low_precision_weights: {kept} weight(s) shared with an embedding "
-                         "or norm kept in their dtype, so that they stay tied")
-    if copying and cast:
-        size = sum(m.weight.numel() for _, m in copying) * dtype.itemsize / 2**20
-        ctx.notes.append(
-            f"low_precision_weights: {shortened([n for n, _ in copying], 4)}: while the "
-            "shared weight stays as it is, uncompiled calls under autocast that need no "
-            f"gradient compute from a {str(dtype).removeprefix('torch.')} copy of it "
-            f"({size:.1f} MiB, made at the first such call and again when the weight "
-            "changes), not a cast of all of it at every call")
+        ctx.notes.append(f"low_precision_weights: {kept} weight(s) shared with a norm or "
+                         "another module kept in their dtype, so that they stay tied")
+    if embeddings:
+        names = [name or type(m).__name__ for name, m in model.named_modules()
+                 if any(m is e for e in embeddings)]
+        ctx.notes.append(f"low_precision_weights: {shortened(names, 3)} share(s) its weight "
+                         f"with a Linear (an LM head tied to it): stored in "
+                         f"{str(dtype).removeprefix('torch.')} for both, one tensor still; "
+                         "the embedding's output comes back in the model's dtype")
     if computed:
         ctx.notes.append(f"low_precision_weights: {len(computed)} module(s) compute their "
                          "weight at each call (a parametrization, weight_norm or pruning), "
@@ -296,19 +303,12 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
         name = str(dtype).removeprefix("torch.")
         raise PassSkipped(f"every eligible weight is in {name} already" if not kept else
                           "every eligible weight not in " + name + " already is shared "
-                          "with an embedding or norm")
+                          "with a norm or another module")
     for module in holders:
         autocast_when_called_alone(module, ctx.backend.device.type, dtype, out_dtype)
-    for _, module in copying:
-        linear_from_low_precision_copy(module, ctx.backend.device.type, dtype)
+    for module in embeddings:
+        outputs_cast_back(module, dtype, out_dtype)
     return model
-
-
-def _plain_linear(module: nn.Module) -> bool:
-    """An nn.Linear running nn.Linear's own forward: one whose forward a subclass or an
-    earlier pass replaced may compute something else from its weight."""
-    return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward \
-        and "forward" not in module.__dict__
 
 
 def _compile_check(model: nn.Module, ctx: PassContext) -> str | None:

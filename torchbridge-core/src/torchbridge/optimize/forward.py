@@ -21,7 +21,6 @@ import operator
 import sys
 import threading
 import types
-import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -141,55 +140,17 @@ def autocast_when_called_alone(module: nn.Module, device_type: str, dtype: torch
         twin, device_type, dtype, out_dtype))
 
 
-def linear_from_low_precision_copy(module: nn.Module, device_type: str,
-                                   dtype: torch.dtype) -> None:
-    """An nn.Linear whose weight is tied to an embedding (an LM head) keeps that weight in
-    float32: casting it would untie it. Under autocast each call then cast all of it to
-    `dtype`: on the Hugging Face suite's Llama (an 8192x256 head) 0.17 ms of a 1.3 ms
-    decoding step, so that generate() after O3 ran 0.74x eager's tokens per second
-    (2-core AMD EPYC, benchmarks/generate_variants.py). Calls under autocast in `dtype`
-    that need no gradient now compute from a `dtype` copy of the weight, made at the
-    first such call and made again when the weight changes (its version counter or
-    storage: a load_state_dict, an in-place write, .data replaced, a move). The copy is
-    not a parameter: the tie, the state_dict and training are as they were. Compiled
-    calls are unchanged: inductor freezing folds the cast there, and the copy would
-    only be a second one.
-
-    The input is flattened to 2-D first: the copy needs no gradient, and torch.matmul
-    folds a 3-D input with a weight that needs none only where its strides allow it; the
-    last position of a prefill (hidden_states[:, -1:]) did not, and its batched matmul
-    copied the expanded weight (4 ms once per generate())."""
-    # (key, the tensor copied, the copy), swapped whole: a call in another thread reads
-    # one or the other, never half of each.
-    held: list[tuple[Any, torch.Tensor, torch.Tensor] | None] = [None]
+def outputs_cast_back(module: nn.Module, dtype: torch.dtype, out_dtype: torch.dtype) -> None:
+    """A module's floating outputs in `dtype` come back in `out_dtype`: an embedding whose
+    weight low_precision_weights stored in `dtype` (it is tied to an LM head) gives the
+    model's own dtype, as it did, wherever it is called from."""
 
     def make(inner: Callable[..., Any]) -> Callable[..., Any]:
-        def forward(input: torch.Tensor) -> torch.Tensor:
-            weight = typing.cast(torch.Tensor, module.weight)
-            if torch.compiler.is_compiling() or not torch.is_autocast_enabled(device_type) \
-                    or torch.get_autocast_dtype(device_type) != dtype \
-                    or (weight.requires_grad and torch.is_grad_enabled()) \
-                    or not _plain(weight):
-                result: torch.Tensor = inner(input)
-                return result
-            key = (weight._version, weight.data_ptr(), weight.device, weight.dtype)
-            entry = held[0]
-            if entry is None or entry[0] != key:
-                held[0] = None  # the old copy goes before the new one is made
-                # Holding the tensor copied keeps its storage alive, so that a new one
-                # cannot take its address and pass for it. Made outside inference mode,
-                # the copy may also serve calls that track gradients of the input.
-                with torch.inference_mode(False):
-                    source = weight.detach()
-                    entry = held[0] = (key, source, source.to(dtype))
-            flat = input.reshape(-1, input.shape[-1]) if input.dim() != 2 else input
-            out = torch.nn.functional.linear(flat, entry[2],
-                                             typing.cast(torch.Tensor | None, module.bias))
-            return out if input.dim() == 2 else out.view(*input.shape[:-1], out.shape[-1])
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return _cast_back(inner(*args, **kwargs), dtype, out_dtype)
         return forward
 
-    install_forward(module, make,
-                    lambda twin: linear_from_low_precision_copy(twin, device_type, dtype))
+    install_forward(module, make, lambda twin: outputs_cast_back(twin, dtype, out_dtype))
 
 
 class CompileState:

@@ -250,9 +250,10 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
     # step of generate(): 0.17 ms of a 1.3 ms step, the suite's Llama, 8192 x 256), and
     # under inference_mode the prefill's last position (hidden_states[:, -1:]) went
     # through a batched matmul copying the expanded weight (4 ms once per generate()):
-    # generate() after O3 ran 0.73x-0.77x eager's tokens per second (2-core AMD EPYC,
-    # benchmarks/generate_variants.py). Its output drift did not move (the suite's Llama
-    # and GPT-2, max relative error 4.7e-3 and 4.9e-3 kept float32, 4.5e-3 and 5.2e-3).
+    # generate() after O3 ran 0.73x-0.94x eager's tokens per second, 1.13x-1.17x now
+    # (the suite's Llama and GPT-2, 2-core AMD EPYC, benchmarks/generate_variants.py).
+    # The output drift did not move (max relative error 4.7e-3 and 4.9e-3 kept float32,
+    # 4.5e-3 and 5.2e-3).
     dtype = ctx.state["autocast_dtype"]
     owners: dict[int, list[nn.Module]] = {}
     for module in model.modules():

@@ -261,7 +261,7 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
             owners.setdefault(id(param), []).append(module)
     out_dtype = _model_dtype(model)
     cast, kept, holders = 0, 0, []
-    embeddings: list[nn.Module] = []  # holding a weight cast with the Linears sharing it
+    embeddings: dict[int, nn.Module] = {}  # holding a weight cast with the Linears sharing it
     # A weight computed at each call (a parametrization, weight_norm, prune) is no
     # parameter of its module: it stays in its dtype, and the report says so.
     computed = [name or type(module).__name__ for name, module in model.named_modules()
@@ -282,8 +282,7 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
             param.data = param.data.to(dtype)  # the same Parameter: ties stay ties
             cast += 1
             holds = True
-            embeddings += [m for m in sharing
-                           if isinstance(m, nn.Embedding) and all(m is not e for e in embeddings)]
+            embeddings.update((id(m), m) for m in sharing if isinstance(m, nn.Embedding))
         if holds:
             holders.append(module)
     if kept:
@@ -291,7 +290,7 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
                          "another module kept in their dtype, so that they stay tied")
     if embeddings:
         names = [name or type(m).__name__ for name, m in model.named_modules()
-                 if any(m is e for e in embeddings)]
+                 if id(m) in embeddings]
         ctx.notes.append(f"low_precision_weights: {shortened(names, 3)} share(s) its weight "
                          f"with a Linear (an LM head tied to it): stored in "
                          f"{str(dtype).removeprefix('torch.')} for both, one tensor still; "
@@ -307,7 +306,7 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
                           "with a norm or another module")
     for module in holders:
         autocast_when_called_alone(module, ctx.backend.device.type, dtype, out_dtype)
-    for module in embeddings:
+    for module in embeddings.values():
         outputs_cast_back(module, dtype, out_dtype)
     return model
 

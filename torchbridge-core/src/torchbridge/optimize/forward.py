@@ -300,7 +300,10 @@ class FrozenTensors:
     those are watched from then on.
     No values are read: before and after a call, 2.2 us for 9 tensors and 25 us for 144
     by themselves; 3.5-3.8 us more on a 28-36 us frozen call of a 9-tensor MLP (min of
-    interleaved runs, 2-core AMD EPYC). Forwards compiled without freezing pay nothing.
+    interleaved runs, 2-core AMD EPYC). With other models' calls in between, the reads
+    miss the caches: 11 us alone but about 0.12 ms a call for the Hugging Face suite's
+    ResNet (74 tensors), timed round-robin with eager and plain compile (1.75 against
+    1.63 ms, docs/benchmarks.md). Forwards compiled without freezing pay nothing.
 
     Buffers are also copied: prepare_model's checks put every buffer back after their
     calls (copy_, which counts as a write), so a buffer written is compared by value

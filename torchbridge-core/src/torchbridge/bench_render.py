@@ -34,7 +34,8 @@ def _second_process(r: dict[str, Any]) -> str:
         return "-"
     cache = r.get("second_process_cache") or {}
     hits, misses = cache.get("fxgraph_cache_hit", 0), cache.get("fxgraph_cache_miss", 0)
-    # Bypassed: inductor would not cache the graph (prepacked oneDNN weights do not pickle).
+    # Bypassed: inductor would not cache the graph (up to 0.3.0, prepacked oneDNN weights;
+    # now a graph holding another object its cache cannot key).
     bypassed = cache.get("fxgraph_cache_bypass", 0)
     graphs = hits + misses + bypassed
     why = f", {bypassed} not cacheable" if bypassed else ""

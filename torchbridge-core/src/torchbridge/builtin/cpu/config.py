@@ -30,9 +30,9 @@ class CPUConfig(ConfigSection):
         "input page-fault, set glibc's malloc thresholds so that freed buffers are reused "
         "(process-wide; backend.empty_cache() gives the kept memory back)")
     # None: prepack while float convolutions or linear layers remain (prepack.py has the
-    # figures): calls 5-45% faster, but the compiled graph is not cacheable across processes.
+    # figures): calls 5-45% faster; the compiled graph stays cacheable across processes
+    # (optimize/inductor_backend.py).
     weight_prepack: bool | None = Field(
         default=None, description="at O3, inductor freezing prepacks weights for oneDNN "
-        "(faster calls; the compiled graph then does not pickle, so another process "
-        "compiles it again, its C++ kernels cached). None: while the model has float "
-        "convolution or linear layers; False: never, so that the graph is cacheable")
+        "(faster calls). None: while the model has float convolution or linear layers; "
+        "False: never")

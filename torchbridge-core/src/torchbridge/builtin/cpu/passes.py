@@ -29,8 +29,7 @@ def _freeze_check(model: nn.Module, ctx: PassContext) -> str | None:
     return compile_ahead(ctx)
 
 
-# Whether freezing also prepacks the weights for oneDNN: prepack.py (faster calls, but the
-# compiled graph is then not cacheable across processes).
+# Whether freezing also prepacks the weights for oneDNN: prepack.py (faster calls).
 FREEZING_DESCRIPTION = ("inductor freezing: weights folded as constants, and prepacked for "
                         "oneDNN while float convolutions or linear layers remain (config "
                         "hardware.cpu.weight_prepack)")

@@ -12,11 +12,14 @@ medians): ResNet-18 widths at 64x64 images 4.7-7.0 -> 2.9-3.0, the HF suite's Re
 (Prepacking had been off since it measured no faster on a loaded machine; on a quiet
 one, one process per variant, it is.)
 
-The price: prepacked weights are oneDNN tensors, which do not pickle, so inductor's FX
-graph cache bypasses the graph and a second process compiles it again (its C++ kernels
-still come from the cache: ViT's second-process first call 3.3 s cached, 4.2 s
-prepacked). Hence the rule: prepack while float convolutions or linear layers remain
-(config hardware.cpu.weight_prepack overrides it).
+Prepacked weights are oneDNN tensors, for which inductor bypasses its FX graph cache, so a
+second process compiled the graph again (its C++ kernels still came from the cache: ViT's
+second-process first call 3.3 s cached, 4.2 s prepacked). The compile pass's backend keys
+the ones freezing made as inductor keys other frozen weights, by metadata, so the graph is
+cached all the same (optimize/inductor_backend.py; on a torch whose cache is laid out
+otherwise it is not, and the note says so). Quantized layers are not prepacked (torchao's
+weight-pack pattern is not registered), hence the rule: prepack while float convolutions
+or linear layers remain (config hardware.cpu.weight_prepack overrides it).
 
 Inductor registers its weight-pack patterns once per process, at the first freezing
 compile, and only if cpp.weight_prepack is on then; once registered they apply to every
@@ -57,7 +60,7 @@ def decide(model: nn.Module, setting: bool | None) -> tuple[bool, str]:
     if count:
         return True, f"{count} float convolution/linear layers"
     return False, "no float convolution or linear layer left to prepack (quantized weights " \
-        "are not), so the compiled graph stays cacheable"
+        "are not)"
 
 
 def _pattern_handlers() -> set[tuple[str, str]]:
@@ -122,15 +125,20 @@ def arrange(wanted: bool, why: str) -> str:
         trouble = ensure_registered()
         if trouble is not None:
             return f"inference_freezing: weights not prepacked for oneDNN ({trouble})"
-        return (f"inference_freezing: weights prepacked for oneDNN where inductor can "
-                f"({why}); prepacked "
-                "weights do not pickle, so inductor's FX graph cache does not keep the "
-                "graph: another process compiles it again (its C++ kernels come from "
-                "the cache)")
+        from torchbridge.optimize.inductor_backend import prepacked_graphs_cacheable
+
+        cached = ("inductor's FX graph cache keeps the graph, its prepacked weights keyed "
+                  "by their shapes (a process loading it uses its own model's weights)"
+                  if prepacked_graphs_cacheable() else
+                  "on this torch, prepacked weights make inductor's FX graph cache bypass "
+                  "the graph: another process compiles it again (its C++ kernels come "
+                  "from the cache)")
+        return f"inference_freezing: weights prepacked for oneDNN where inductor can " \
+               f"({why}); {cached}"
     note = f"inference_freezing: weights not prepacked for oneDNN ({why})"
     if registered():
         note += ("; but an earlier compile in this process registered inductor's "
                  "weight-pack patterns, which apply to every frozen graph: this one's "
-                 "weights may be prepacked all the same, and the graph then not cached")
+                 "weights may be prepacked all the same")
     return note
 

@@ -1,5 +1,5 @@
 """Inductor as the compile pass's backend, with FX graph cache keys that do not depend on
-Python's string hashing, and graphs with prepacked weights kept in the cache.
+Python's string hashing and that hold the values of frozen weights (prepacked ones too).
 
 Inductor keys its FX graph cache on a pickle of the graph module, and that pickle holds the
 module's `_non_persistent_buffers_set`: a set of strings, whose order follows each
@@ -11,22 +11,30 @@ benchmark's BERT at O3: the second process missed the cache in 4 of 4 process pa
 in 3 of 3 with this backend; tests/test_compile_cache.py sets the hash seeds). The backend
 here is `backend="inductor"` with that one set pickling in sorted order.
 
-Weights prepacked for oneDNN (inductor's cpp.weight_prepack under freezing) are oneDNN
-tensors, and inductor bypasses its FX graph cache for any graph holding one ("mkldnn
-tensors unpickleable"), so every float graph O3 compiled on a CPU was compiled again by
-each new process. Yet such a weight is a frozen constant, which the cache never stores:
-for frozen constants inductor keys on the metadata only, and a cache hit takes their
-values from the graph module of the process that loads it (CompiledFxGraphConstantsWithGm;
-freezing, and so the prepacking, runs before the lookup). So while this backend compiles,
-a oneDNN tensor that freezing made (marked a frozen parameter) is keyed by its dtype,
-shape and device, as inductor keys other frozen constants, instead of making the graph
-uncacheable. Any other oneDNN tensor still bypasses the cache. Torch versions whose cache
-is laid out otherwise keep their own behaviour (`prepacked_graphs_cacheable()` says which).
+Frozen weights are keyed by their values. Inductor keys a frozen constant (a weight
+under freezing) by its metadata only, and a cache hit takes its values from the model
+being prepared; but a compiled graph can hold what it read of those values when it was
+compiled: a 0-d weight's value written into the code (CLIP's logit_scale), constants
+its lowerings derive from a weight (max_autotune's re-blocked GEMM weights, int8
+compensation terms), stored in the cache entry by value. A second model of the same shapes
+then got the first one's (a review found 2-3% off, under prepare_model's drift check, and
+the first model's weights mixed with the second's biases). And for weights prepacked for
+oneDNN (inductor's cpp.weight_prepack under freezing), inductor bypasses its cache
+altogether ("mkldnn tensors unpickleable"), so every float graph O3 compiled on a CPU was
+compiled again by each new process. While this backend compiles, every frozen constant,
+oneDNN or not, is keyed by its metadata and a digest of its values: the same model hits
+the cache in any process, with prepacked weights too, and a model with other weights
+compiles its own graph. Hashing takes about 0.8 ms a MiB, once per compile (49 ms for
+64 MiB of float32 on a 2-core AMD EPYC).
+Torch versions whose cache is laid out otherwise keep their own behaviour
+(`prepacked_graphs_cacheable()` says which).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import hashlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -45,25 +53,27 @@ def _ident(value: Any) -> Any:
     return value
 
 
-def _inlined(t: torch.Tensor) -> bool:
-    """Whether inductor writes this constant's values into the generated code (then they
-    must stay in the key): small 1-d tensors. Any 1-d tensor where that rule cannot be read."""
-    try:
-        from torch._inductor.graph import GraphLowering
-
-        return bool(GraphLowering.can_inline_constant(t))
-    except Exception:  # another torch's layout: the safe side
-        return t.dim() == 1
+def _frozen(t: torch.Tensor) -> bool:
+    return bool(getattr(t, "_is_frozen_param", False))
 
 
-def _is_prepacked_constant(t: torch.Tensor) -> bool:
-    return bool(t.is_mkldnn and getattr(t, "_is_frozen_param", False)) and not _inlined(t)
+def _digest(t: torch.Tensor) -> str:
+    """A digest of the tensor's values (a oneDNN tensor's in plain layout), read in place
+    where it is a contiguous CPU tensor already."""
+    dense = t.to_dense() if t.is_mkldnn else t
+    dense = dense.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    digest = hashlib.blake2b(digest_size=16)
+    nbytes = dense.numel() * dense.element_size()
+    if nbytes:
+        digest.update((ctypes.c_char * nbytes).from_address(dense.data_ptr()))
+    return digest.hexdigest()
 
 
-def _prepacked_key(t: torch.Tensor) -> tuple[Any, ...]:
-    # What inductor's own key holds for a frozen constant, as far as a oneDNN tensor has it
-    # (no strides, no storage: extract_tensor_metadata fails on it).
-    return ("oneDNN frozen constant", str(t.dtype), tuple(t.shape), str(t.device))
+def _metadata(t: torch.Tensor) -> tuple[Any, ...]:
+    # A oneDNN tensor has no strides or storage (inductor's metadata extraction fails on
+    # it); a strided one's layout is in its strides, which the value digest leaves out.
+    strides = () if t.is_mkldnn else tuple(t.stride())
+    return (str(t.layout), str(t.dtype), tuple(t.shape), strides, str(t.device))
 
 
 def _patches() -> list[tuple[Any, str, Any]]:
@@ -75,13 +85,18 @@ def _patches() -> list[tuple[Any, str, Any]]:
         return []
     pickler = getattr(codecache, "FxGraphCachePickler", None)
     reduce_tensor = vars(pickler).get("_reduce_tensor") if pickler is not None else None
-    if not callable(reduce_tensor):
+    bypass = getattr(codecache, "BypassFxGraphCache", None)
+    if not callable(reduce_tensor) or not isinstance(bypass, type):
         return []
 
     def keyed_reduce(self: Any, t: torch.Tensor) -> Any:
-        if _is_prepacked_constant(t):
-            return _ident, (_prepacked_key(t),)
-        return reduce_tensor(self, t)
+        if not _frozen(t):
+            return reduce_tensor(self, t)
+        try:
+            key = ("frozen constant", _metadata(t), _digest(t))
+        except Exception as exc:  # a tensor that cannot be read so: not cached, as before
+            raise bypass(f"frozen constant not hashable ({type(exc).__name__})") from exc
+        return _ident, (key,)
 
     patches: list[tuple[Any, str, Any]] = [(pickler, "_reduce_tensor", keyed_reduce)]
     # torch 2.13 also checks a graph's constants before keying it (torch 2.9 does not).
@@ -90,7 +105,7 @@ def _patches() -> list[tuple[Any, str, Any]]:
     check_tensor = check.__func__ if isinstance(check, staticmethod) else None
     if check_tensor is not None:
         def keyed_check(t: torch.Tensor) -> None:
-            if not _is_prepacked_constant(t):
+            if not (t.is_mkldnn and _frozen(t)):
                 check_tensor(t)
         patches.append((validator, "check_tensor", staticmethod(keyed_check)))
     return patches
@@ -102,9 +117,9 @@ _saved: list[tuple[Any, str, Any]] = []
 
 
 @contextlib.contextmanager
-def _prepacked_weights_keyed() -> Iterator[None]:
+def _frozen_weights_keyed_by_value() -> Iterator[None]:
     """While inside (nested and across threads: the outermost entry patches, the last
-    exit restores), inductor keys prepacked frozen weights instead of bypassing its cache."""
+    exit restores), inductor keys frozen weights by their values, prepacked ones too."""
     global _depth
     with _lock:
         if _depth == 0:
@@ -124,8 +139,8 @@ def _prepacked_weights_keyed() -> Iterator[None]:
 
 
 def prepacked_graphs_cacheable() -> bool:
-    """Whether this torch's FX graph cache keeps graphs with prepacked weights when this
-    backend compiles them."""
+    """Whether this torch's FX graph cache keeps graphs with prepacked weights, keyed by
+    their values, when this backend compiles them."""
     return bool(_patches())
 
 
@@ -136,7 +151,7 @@ def _compile_inner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     names = gm.__dict__.get("_non_persistent_buffers_set")
     if type(names) is set and len(names) > 1:
         gm.__dict__["_non_persistent_buffers_set"] = _SortedWhenPickled(names)
-    with _prepacked_weights_keyed():
+    with _frozen_weights_keyed_by_value():
         return compile_fx_inner(gm, example_inputs, **kwargs)
 
 

@@ -15,9 +15,9 @@ one, one process per variant, it is.)
 Prepacked weights are oneDNN tensors, for which inductor bypasses its FX graph cache, so a
 second process compiled the graph again (its C++ kernels still came from the cache: ViT's
 second-process first call 3.3 s cached, 4.2 s prepacked). The compile pass's backend keys
-the ones freezing made as inductor keys other frozen weights, by metadata, so the graph is
-cached all the same (optimize/inductor_backend.py; on a torch whose cache is laid out
-otherwise it is not, and the note says so). Quantized layers are not prepacked (torchao's
+them, as every frozen weight, by their values, so the graph is cached all the same
+(optimize/inductor_backend.py; on a torch whose cache is laid out otherwise it is not,
+and the note says so). Quantized layers are not prepacked (torchao's
 weight-pack pattern is not registered), hence the rule: prepack while float convolutions
 or linear layers remain (config hardware.cpu.weight_prepack overrides it).
 
@@ -125,14 +125,20 @@ def arrange(wanted: bool, why: str) -> str:
         trouble = ensure_registered()
         if trouble is not None:
             return f"inference_freezing: weights not prepacked for oneDNN ({trouble})"
+        from torch._inductor import config as inductor_config
+
         from torchbridge.optimize.inductor_backend import prepacked_graphs_cacheable
 
-        cached = ("inductor's FX graph cache keeps the graph, its prepacked weights keyed "
-                  "by their shapes (a process loading it uses its own model's weights)"
-                  if prepacked_graphs_cacheable() else
-                  "on this torch, prepacked weights make inductor's FX graph cache bypass "
-                  "the graph: another process compiles it again (its C++ kernels come "
-                  "from the cache)")
+        if not getattr(inductor_config, "fx_graph_cache", True):
+            cached = "inductor's FX graph cache is off in this process"
+        elif prepacked_graphs_cacheable():
+            cached = ("inductor's FX graph cache keeps the graph, its prepacked weights "
+                      "keyed by their values (another process preparing the same model "
+                      "takes it from there)")
+        else:
+            cached = ("on this torch, prepacked weights make inductor's FX graph cache "
+                      "bypass the graph: another process compiles it again (its C++ "
+                      "kernels come from the cache)")
         return f"inference_freezing: weights prepacked for oneDNN where inductor can " \
                f"({why}); {cached}"
     note = f"inference_freezing: weights not prepacked for oneDNN ({why})"

@@ -49,6 +49,22 @@ def test_quantized_linear_layers_are_not_float_layers() -> None:
     assert wanted is False and "no float convolution or linear layer" in why
 
 
+def test_the_note_says_whether_the_prepacked_graph_is_cached(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._inductor.config as inductor_config
+    from torchbridge.optimize import inductor_backend
+
+    monkeypatch.setattr(prepack, "ensure_registered", lambda: None)
+    note = prepack.arrange(True, "2 float convolution/linear layers")
+    if inductor_backend.prepacked_graphs_cacheable():
+        assert "FX graph cache keeps the graph" in note and "by their values" in note
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    assert "FX graph cache is off" in prepack.arrange(True, "2 float layers")
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", True)
+    monkeypatch.setattr(inductor_backend, "_patches", lambda: [])  # another torch's layout
+    assert "another process compiles it again" in prepack.arrange(True, "2 float layers")
+
+
 # A frozen graph compiled with prepacking off first (inductor then registers no weight-pack
 # pattern for the rest of the process), then the conv net at O3, then an MLP at O3 with
 # prepacking off in config.

@@ -160,6 +160,35 @@ def test_o3_quantizes_and_compiles_under_the_gate(vnni: None, mode: str) -> None
 
 
 @needs_torchao
+@pytest.mark.parametrize("cpu", ["Zen 4", "Sapphire Rapids", "Granite Rapids"])
+def test_int8_keeps_bf16_around_its_gemms_where_amx_computes_bf16(
+        cpu_is: Callable[[str], None], cpu: str) -> None:
+    # The MLP's Linears are all of its work: without AMX its int8 GEMMs take float32
+    # activations; on AMX tiles bf16 around them was faster for every model measured,
+    # Linear-only ones included (quantize.py, 2026-11-27).
+    from torchbridge.optimize.pipeline import run_pipeline
+
+    cpu_is(cpu)
+    model, x = _mlp(), _sample()
+    result = run_pipeline(_backend(disabled_passes=["compile"]), model, "O3", sample_input=x,
+                          quantize="int8", timer=_prepared_times_faster)
+    report = {p.name: (p.status, p.detail) for p in result.passes}
+    assert report["quantize"][0] == "applied", result.summary()
+    amx = "autocast: kept with quantize='int8': this CPU computes bf16 matmuls on AMX tiles"
+    if cpu == "Zen 4":
+        assert report["autocast"][0] == "skipped"
+        assert "nn.Linear does 100% of the model's matmul FLOPs" in report["autocast"][1]
+        assert not any(note.startswith(amx) for note in result.notes)
+    else:
+        assert report["autocast"][0] == "applied", result.summary()
+        assert report["low_precision_weights"][0] == "applied", result.summary()
+        assert any(note.startswith(amx) for note in result.notes), result.notes
+    with torch.no_grad():
+        cosine, agreement = accuracy(model(x), result.model(x))
+    assert cosine >= 0.99 and agreement is not None and agreement >= 0.9
+
+
+@needs_torchao
 @pytest.mark.parametrize("inplace", [False, True])
 def test_a_quantization_that_breaks_the_model_is_rolled_back(
         vnni: None, monkeypatch: pytest.MonkeyPatch, inplace: bool) -> None:

@@ -10,8 +10,8 @@
 |  |  | feature maps come back laid out as eager's (one copy of each) |
 | transformer_composite | O2 | eval mode, nn.TransformerEncoderLayer: off the fused fast path |
 | autocast | O2 | the device has a native low-precision dtype (or config.precision names one), |
-|  |  | the model is not float64; with int8 on a CPU, not when nn.Linear is nearly |
-|  |  | all of the model's work (quantize.int8_float32_reason) |
+|  |  | the model is not float64; with int8 on a CPU without AMX, not when |
+|  |  | nn.Linear is nearly all of the model's work (quantize.int8_float32_reason) |
 | low_precision_weights | O3 | eval mode, after autocast: Linear/Conv/MHA parameters in its dtype |
 | compile | O2 | torch.compile with inductor; options through ctx.state["compile_options"], |
 |  |  | skipped when an earlier pass set ctx.state["skip_compile"] to its reason |

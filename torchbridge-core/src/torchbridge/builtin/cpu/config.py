@@ -21,7 +21,9 @@ class CPUConfig(ConfigSection):
                              description="use bf16 autocast at O2+ when the CPU has native bf16")
     # Off by default: measured 7-13% faster O3 calls on a 2-core AMD EPYC without AMX,
     # but 1-3 s more compiling (BERT's and ViT's first call went past 1.5x plain
-    # compile's), and not measured on a CPU with AMX, whose bf16 flash kernel is fast.
+    # compile's); slower on a 2-core Intel Xeon with AMX, whose bf16 flash kernel is fast
+    # (benchmarks/cpu_attention.py, 2026-11-27: Llama 2.21x eager against 2.53x, GPT-2
+    # 2.38x against 2.64x, BERT 2.25x against 2.74x, ViT 1.96x against 1.99x).
     bf16_matmul_attention: bool = Field(
         default=False, description="offer cpu_bf16_matmul_attention (bf16 matmuls, float32 "
         "softmax, fused by compile) to the kernel_substitution pass for bf16 attention")

@@ -10,7 +10,10 @@ medians): ResNet-18 widths at 64x64 images 4.7-7.0 -> 2.9-3.0, the HF suite's Re
 7.4 -> 6.7; with quantize="int8" (every Linear's weight int8) no faster (Llama 3.65x ->
 3.59x eager, BERT 2.80x -> 2.73x). The first call was no longer (BERT 4.8 -> 4.3 s).
 (Prepacking had been off since it measured no faster on a loaded machine; on a quiet
-one, one process per variant, it is.)
+one, one process per variant, it is.) On a 2-core Intel Xeon with AMX, 2026-11-27
+(benchmarks/cpu_prepack.py, round-robin in one process, two runs), the same held: ResNet
+1.94-1.99x -> 2.56-2.63x eager, BERT 2.44-2.46x -> 2.89-2.90x, ViT 1.84-1.86x ->
+2.07-2.11x, GPT-2 2.28-2.31x -> 2.44-2.45x, Llama 2.39-2.49x -> 2.36-2.44x.
 
 Prepacked weights are oneDNN tensors, for which inductor bypasses its FX graph cache, so a
 second process compiled the graph again (its C++ kernels still came from the cache: ViT's

@@ -6,8 +6,12 @@ float32 time (their share of eager), and how much faster the same Linears run in
 and int8. That last figure bounds what O3 (bfloat16) and O3 int8 can gain on the Linears.
 
     python benchmarks/cpu_gemm_rates.py [--rounds 30] [--models llama gpt2 bert vit]
+    python benchmarks/cpu_gemm_rates.py --rows 1 --models llama gpt2
 
-The ResNet is left out: its time is in convolutions, not Linears.
+The ResNet is left out: its time is in convolutions, not Linears. `--rows 1`: every Linear
+given one row, as in a step of generate() for one sequence (each weight multiplies one
+token's activations); the eager column is then left out, the model's forward being another
+shape.
 
 Prints the machine line (CPU model and flags) and a markdown table.
 """
@@ -76,6 +80,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--models", nargs="+", default=["llama", "gpt2", "bert", "vit"])
+    parser.add_argument("--rows", type=int, help="every Linear given this many rows (a "
+                        "decoding step: 1 per sequence)")
     args = parser.parse_args()
     print(machine())
     references = {r.name.split("-")[0]: r for r in hf_reference_models()}
@@ -94,13 +100,17 @@ def main() -> None:
         totals = {"float32": 0.0, "bfloat16": 0.0, "int8": 0.0}
         per_shape: dict[tuple[int, int, int], dict[str, float]] = {}
         shapes = _linear_shapes(model, sample)
+        if args.rows is not None:
+            shapes = [(args.rows, k, n) for _, k, n in shapes]
         for shape in sorted(set(shapes)):
             per_shape[shape] = _median_seconds(_calls(*shape), args.rounds)
         for shape in shapes:
             for dtype in totals:
                 totals[dtype] += per_shape[shape][dtype]
         fp32 = totals["float32"]
-        print(f"| {name} | {eager * 1e3:.2f} ms | {fp32 * 1e3:.2f} ms ({fp32 / eager:.0%}) | "
+        share = f"{fp32 * 1e3:.2f} ms ({fp32 / eager:.0%})" if args.rows is None \
+            else f"{fp32 * 1e3:.2f} ms"
+        print(f"| {name} | {'-' if args.rows else f'{eager * 1e3:.2f} ms'} | {share} | "
               f"{totals['bfloat16'] * 1e3:.2f} ms | {totals['int8'] * 1e3:.2f} ms | "
               f"{fp32 / totals['bfloat16']:.2f}x | {fp32 / totals['int8']:.2f}x |")
 

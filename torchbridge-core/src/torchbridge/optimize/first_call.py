@@ -214,7 +214,7 @@ def _decide(run: Run, baseline: nn.Module | None, timer: Timer, args: tuple[Any,
             run.reference = run_sample(baseline, replay)
             run.have_reference = True
             run.final_check()  # outside the level's tolerance: passes undone
-            keep_fastest(run, baseline, timer, on=ON)
+            keep_fastest(run, baseline, timer, on=ON, warm_baseline=False)
         else:
             # No O0: nothing to measure drift against; the report keeps "not measured".
             keep_fastest(run, None, timer, on=ON)

@@ -35,10 +35,10 @@ logger = logging.getLogger("torchbridge.optimize.pipeline")
 # prepared model and itself uncompiled (a difference of a few percent, where each extra
 # round cost a call of both: 0.5 s of a first call of BERT at twice the suite's width).
 # No warm-up round: the prepared model has run before (the checks after the passes; O0,
-# below, has not), and one slow first sample decides nothing (medians of 3 or more; a candidate
-# out after two rounds is given its faster sample). It cost a call of each: 0.25-0.4 s of
-# the first call of a Llama, GPT-2 or BERT at twice the suite's width, where their
-# figures and what was kept did not move (the suite's five models at its own width).
+# below, has not), and one slow first sample decides nothing (medians of 3 or more; a
+# candidate out after two rounds is given its faster sample). It cost a call of each:
+# 0.25-0.4 s of the first call of a Llama, GPT-2 or BERT at twice the suite's width, where
+# their figures and what was kept did not move (the suite's five models at its own width).
 # At least 0.1 s of samples, for models that run in microseconds (up to 300 rounds). It
 # was 0.3 s, which made a model of a few milliseconds a round run 20 rounds however clear
 # the winner: 0.3-0.4 s of each first call of the HF suite's models, whose O0 runs 7-24 ms.
@@ -74,7 +74,7 @@ def _ms(seconds: float) -> str:
 
 
 def time_candidates(run: Run, baseline: nn.Module | None, timer: Timer,
-                    warm_baseline: bool = True) -> dict[str, float]:
+                    warm_baseline: bool) -> dict[str, float]:
     """Median seconds on the run's input of "O0" (the model as given, placed; left out when
     `baseline` is None), "prepared" and, when the prepared model runs compiled,
     "uncompiled" (the same model, its forward before compile). Eval mode; the models'

@@ -29,6 +29,7 @@ from torch import nn
 
 from torchbridge import trees
 from torchbridge.errors import ModelOptimizationError
+from torchbridge.optimize.kv_cache import same_dtype_updates
 from torchbridge.suggestions import shortened
 
 logger = logging.getLogger(__name__)
@@ -99,9 +100,14 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
     # Decorated here, not at import: torch.compiler.disable imports torch._dynamo (about
     # 1.5 s), which get_backend() must not pay (tests/test_startup.py).
     cast_back_eager = torch.compiler.disable(_cast_back)  # type: ignore[no-untyped-call,unused-ignore]
+    # Setting attributes on a cache object is nothing for dynamo to trace (a compiled
+    # forward only meets a cache where the sample input holds one).
+    caches_eager = torch.compiler.disable(_kv_caches_in_one_dtype)  # type: ignore[no-untyped-call,unused-ignore]
 
     def make(inner: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("past_key_values") is not None:
+                caches_eager(kwargs["past_key_values"])
             with torch.autocast(device_type=device_type, dtype=dtype):
                 out = inner(*args, **kwargs)
             if torch.compiler.is_compiling() and trees.known_types(out):
@@ -111,6 +117,13 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
 
     install_forward(model, make, lambda twin: autocast_forward(twin, device_type, dtype,
                                                                out_dtype))
+
+
+def _kv_caches_in_one_dtype(cache: Any) -> None:
+    """Autocast gives a decoder's keys and values in different dtypes, which a fixed-size
+    KV cache cannot store (optimize/kv_cache.py)."""
+    if not isinstance(cache, (tuple, list, torch.Tensor)):
+        same_dtype_updates(cache)
 
 
 def _cast_back(out: Any, dtype: torch.dtype, out_dtype: torch.dtype) -> Any:
@@ -131,6 +144,8 @@ def autocast_when_called_alone(module: nn.Module, device_type: str, dtype: torch
         def forward(*args: Any, **kwargs: Any) -> Any:
             if torch.is_autocast_enabled(device_type):
                 return inner(*args, **kwargs)
+            if kwargs.get("past_key_values") is not None:
+                _kv_caches_in_one_dtype(kwargs["past_key_values"])
             with torch.autocast(device_type=device_type, dtype=dtype):
                 out = inner(*args, **kwargs)
             return _cast_back(out, dtype, out_dtype)

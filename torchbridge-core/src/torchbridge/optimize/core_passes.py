@@ -41,6 +41,7 @@ from torchbridge.optimize.forward import (
 from torchbridge.optimize.measure import preserved_state, sample_call
 from torchbridge.optimize.passes import OptimizationPass, PassContext, PassSkipped
 from torchbridge.optimize.quantize import int8_float32_reason
+from torchbridge.optimize.training_weights import restore_when_training
 from torchbridge.suggestions import shortened
 
 # Devices whose convolution libraries (oneDNN, cuDNN, MIOpen) have native NHWC kernels.
@@ -268,17 +269,19 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
                 if _matmul_module(module) and isinstance(getattr(module, "weight", None),
                                                         torch.Tensor)
                 and "weight" not in module._parameters]
-    for module in model.modules():
+    restore: list[tuple[str, str, torch.dtype]] = []  # for training (training_weights.py)
+    for module_name, module in model.named_modules():
         if not _matmul_module(module):
             continue
         holds = False
-        for param in module.parameters(recurse=False):
+        for param_name, param in module.named_parameters(recurse=False):
             if not param.is_floating_point() or param.dtype == dtype:
                 continue
             sharing = owners[id(param)]
             if not all(_matmul_module(m) or isinstance(m, nn.Embedding) for m in sharing):
                 kept += 1
                 continue
+            restore.append((module_name, param_name, param.dtype))
             param.data = param.data.to(dtype)  # the same Parameter: ties stay ties
             cast += 1
             holds = True
@@ -308,6 +311,7 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
         autocast_when_called_alone(module, ctx.backend.device.type, dtype, out_dtype)
     for module in embeddings.values():
         outputs_cast_back(module, dtype, out_dtype)
+    restore_when_training(model, restore)
     return model
 
 

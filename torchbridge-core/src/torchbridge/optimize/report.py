@@ -18,6 +18,7 @@ QUANTIZE_PASS = "quantize"
 COMPILE_PASS = "compile"
 KERNEL_SUBSTITUTION_PASS = "kernel_substitution"
 FOLDING_PASS = "conv_bn_folding"
+LOW_PRECISION_WEIGHTS_PASS = "low_precision_weights"
 QUANTIZE_NOT_ASKED = "no quantization asked for (prepare_model(quantize=...) or config " \
                      "optimization.quantize)"
 
@@ -95,6 +96,7 @@ class OptimizationResult:
         undoes a pass: the report is read through here (the pass lists, to_dict, summary)."""
         self._note_later_compile_failure()
         self._note_unfolded()
+        self._note_weights_restored()
 
     def _note_unfolded(self) -> None:
         """A state dict loaded into the prepared model, or train(), makes its folded
@@ -106,6 +108,21 @@ class OptimizationResult:
             if record.name == FOLDING_PASS and record.status == "applied" and not any(
                     isinstance(m, FoldedBatchNorm) for m in self.model.modules()):
                 why = undone_reason(self.model) or UNFOLDED_BY_LOAD
+                self.passes[i] = PassRecord(
+                    record.name, "skipped", f"undone after prepare_model returned: {why}",
+                    record.plugin, record.seconds)
+
+    def _note_weights_restored(self) -> None:
+        """Called in training mode, the model's weights stored in low precision are back in
+        their dtype (training_weights.py): the report says so instead of listing
+        low_precision_weights as applied."""
+        from torchbridge.optimize.training_weights import RESTORED
+
+        why = self.model.__dict__.get(RESTORED)
+        if not isinstance(why, str):
+            return
+        for i, record in enumerate(self.passes):
+            if record.name == LOW_PRECISION_WEIGHTS_PASS and record.status == "applied":
                 self.passes[i] = PassRecord(
                     record.name, "skipped", f"undone after prepare_model returned: {why}",
                     record.plugin, record.seconds)

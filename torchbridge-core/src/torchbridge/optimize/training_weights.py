@@ -4,11 +4,11 @@ trains.
 low_precision_weights (O3, eval mode) stores Linear, Conv and attention weights in
 bfloat16 (or float16). A model prepared so and then switched to `train()` trained with
 those as its parameters: an optimizer step smaller than half a bfloat16 step of the weight
-(2^-9 of it: SGD at lr 1e-3 with gradients of 1e-3 on weights of 0.02, an Adam step of
-1e-4) left the weight as it was, and training stalled where eager's learned, with nothing
-said. So at the first call in training mode (`model.training`, what `train()` sets) the
+(2^-9 to 2^-8 of it: SGD at lr 1e-3 with gradients of 1e-3 on weights of 0.02) left the
+weight as it was, larger ones were rounded to whole bfloat16 steps, and training stalled
+where eager's learned, with nothing said. So at the first call in training mode (`model.training`, what `train()` sets) the
 weights the pass cast become parameters of their own dtype again, holding the rounded
-values (within 2^-9 of the weights before the pass; the originals are not kept, which
+values (within 2^-8 of the weights before the pass; the originals are not kept, which
 would cost the memory the pass saves). Autocast stays: the model then trains as
 mixed-precision training does, float32 weights and bfloat16 matmuls. The Parameter
 objects stay the same (an optimizer made before holds them), and the report lists

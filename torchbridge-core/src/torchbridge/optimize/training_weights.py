@@ -6,14 +6,15 @@ bfloat16 (or float16). A model prepared so and then switched to `train()` traine
 those as its parameters: an optimizer step smaller than half a bfloat16 step of the weight
 (2^-9 to 2^-8 of it: SGD at lr 1e-3 with gradients of 1e-3 on weights of 0.02) left the
 weight as it was, larger ones were rounded to whole bfloat16 steps, and training stalled
-where eager's learned, with nothing said. So at the first call in training mode (`model.training`, what `train()` sets) the
-weights the pass cast become parameters of their own dtype again, holding the rounded
-values (within 2^-8 of the weights before the pass; the originals are not kept, which
-would cost the memory the pass saves). Autocast stays: the model then trains as
-mixed-precision training does, float32 weights and bfloat16 matmuls. The Parameter
-objects stay the same (an optimizer made before holds them), and the report lists
-low_precision_weights as undone after prepare_model returned. Going back to `eval()`
-keeps them in their dtype: prepare the trained model again to store them in bfloat16.
+where eager's learned, with nothing said. So at the first call in training mode
+(`model.training`, what `train()` sets) the weights the pass cast become parameters of
+their own dtype again, holding the rounded values (within 2^-8 of the weights before the
+pass; the originals are not kept, which would cost the memory the pass saves). Autocast
+stays: the model then trains as mixed-precision training does, float32 weights and
+bfloat16 matmuls. The Parameter objects stay the same (an optimizer made before holds
+them), and the report lists low_precision_weights as undone after prepare_model returned.
+Going back to `eval()` keeps them in their dtype: prepare the trained model again to store
+them in bfloat16.
 """
 
 from __future__ import annotations

@@ -279,3 +279,25 @@ def test_a_compiled_forward_at_the_recompile_limit_is_reported_failed(
     assert record.status == "failed"
     assert "after prepare_model returned" in record.detail
     assert "recompile_limit = 2" in record.detail and "eager" in record.detail
+
+
+def test_jit_trace_of_the_prepared_model_leaves_it_compiled() -> None:
+    """torch.jit.trace of a model prepared with compile traced the compiled call, which
+    failed there; its error turned compile off for every later call of the model, and the
+    report said compile failed at a call. Under tracing the forward runs uncompiled now."""
+    torch.manual_seed(0)
+    model = Net().eval()
+    x = torch.randn(8, 16)
+    result = run_pipeline(torchbridge.get_backend("cpu"), model, "O3", sample_input=x,
+                          timer=keep_prepared)
+    prepared = result.model
+    assert "compile" in result.optimizations_applied, result.summary()
+
+    with torch.no_grad():
+        traced = torch.jit.trace(prepared, x)
+        expected, out = prepared(x), traced(x)
+
+    state = compile_state(prepared)
+    assert state is not None and state.error is None
+    assert "compile" in [p.name for p in result.applied]
+    assert float((out - expected).abs().max() / expected.abs().max()) < 3e-2

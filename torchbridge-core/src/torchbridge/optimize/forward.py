@@ -265,6 +265,10 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
                 state.signature = signature
             if state.error is not None or state.bypass or state.stale is not None:
                 return inner(*args, **kwargs)
+            if torch.jit.is_tracing():
+                # torch.jit.trace records the ops the forward runs; a compiled call fails
+                # there, and its error turned compile off for the model's own later calls.
+                return inner(*args, **kwargs)
             frozen = state.frozen
             if frozen is not None and (changed := frozen.changed()) is not None:
                 state.stale, state.frozen = changed, None  # its copies of buffers go too

@@ -299,7 +299,7 @@ def _fold_pair(conv: nn.Module, bn: nn.Module) -> bool:
     bn.__class__ = _folded_class(type(bn))
     bn.__dict__[_RECORD] = record
     bn.__dict__.pop(_UNFOLDED, None)
-    conv._register_load_state_dict_pre_hook(functools.partial(_unfold_before_load, bn))
+    conv._register_load_state_dict_pre_hook(functools.partial(_unfold_before_load, bn))  # type: ignore[no-untyped-call,unused-ignore]
     return keeps_shift
 
 

@@ -45,8 +45,12 @@ def _own_code(fn: Callable[..., Any], like: Callable[..., Any]) -> Callable[...,
 
 
 _RECIPE = "_torchbridge_forward_recipe"
-# The instance attributes install_forward sets: how the model runs, not what it holds.
-FORWARD_KEYS = frozenset({"forward", "__deepcopy__", "__reduce_ex__", _RECIPE})
+# The instance attributes install_forward (and watch_dtype_conversion) set: how the model
+# runs, not what it holds.
+FORWARD_KEYS = frozenset({"forward", "__deepcopy__", "__reduce_ex__", _RECIPE, "_apply"})
+# On a module with a forward of its own, once its model was converted to another floating
+# dtype after prepare_model (watch_dtype_conversion): that dtype.
+CONVERTED = "_torchbridge_converted_to"
 
 
 def install_forward(model: nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]],
@@ -106,6 +110,8 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
 
     def make(inner: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
+            if getattr(model, CONVERTED, None) is not None:
+                return inner(*args, **kwargs)
             if kwargs.get("past_key_values") is not None:
                 caches_eager(kwargs["past_key_values"])
             with torch.autocast(device_type=device_type, dtype=dtype):
@@ -117,6 +123,42 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
 
     install_forward(model, make, lambda twin: autocast_forward(twin, device_type, dtype,
                                                                out_dtype))
+    watch_dtype_conversion(model, out_dtype)
+
+
+def watch_dtype_conversion(model: nn.Module, out_dtype: torch.dtype) -> None:
+    """`model.half()`, `.double()`, `.bfloat16()` or `.to(dtype)` after prepare_model make
+    its floating parameters one dtype: from then on the model computes in that dtype as
+    converted, without autocast and without casting outputs back (each module with a
+    forward of its own is marked CONVERTED). Autocast in bfloat16 had kept computing a
+    float64 model in bfloat16 (1.6e-3 off the float64 model), returned float32 from a
+    bfloat16 one, and a float16 one raised ("mixed dtype (CPU)"). Converted back to
+    `out_dtype`, the model's own dtype, it runs as prepared again. A move to another device
+    (the same dtypes) changes nothing. Installed as the instance's `_apply`, through which
+    every such Module method goes."""
+
+    def _apply(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        before = _floating_dtypes(model)
+        out = type(model)._apply(model, fn, *args, **kwargs)  # type: ignore[no-untyped-call,unused-ignore]
+        after = _floating_dtypes(model)
+        if after != before and len(after) == 1:
+            (now,) = after
+            for module in model.modules():
+                if _RECIPE in module.__dict__:
+                    if now == out_dtype:
+                        module.__dict__.pop(CONVERTED, None)
+                    else:
+                        module.__dict__[CONVERTED] = now
+            logger.info("%s converted to %s after prepare_model: it computes in %s%s",
+                        type(model).__name__, now, now, "" if now != out_dtype else
+                        " under autocast again, as prepared")
+        return out
+
+    model.__dict__["_apply"] = _apply
+
+
+def _floating_dtypes(model: nn.Module) -> set[torch.dtype]:
+    return {p.dtype for p in model.parameters() if p.is_floating_point()}
 
 
 def _kv_caches_in_one_dtype(cache: Any) -> None:
@@ -142,7 +184,7 @@ def autocast_when_called_alone(module: nn.Module, device_type: str, dtype: torch
 
     def make(inner: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
-            if torch.is_autocast_enabled(device_type):
+            if torch.is_autocast_enabled(device_type) or CONVERTED in module.__dict__:
                 return inner(*args, **kwargs)
             if kwargs.get("past_key_values") is not None:
                 _kv_caches_in_one_dtype(kwargs["past_key_values"])
@@ -162,6 +204,8 @@ def outputs_cast_back(module: nn.Module, dtype: torch.dtype, out_dtype: torch.dt
 
     def make(inner: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
+            if CONVERTED in module.__dict__:
+                return inner(*args, **kwargs)
             return _cast_back(inner(*args, **kwargs), dtype, out_dtype)
         return forward
 
@@ -265,7 +309,7 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
                 state.signature = signature
             if state.error is not None or state.bypass or state.stale is not None:
                 return inner(*args, **kwargs)
-            if torch.jit.is_tracing():
+            if torch.jit.is_tracing():  # type: ignore[attr-defined,no-untyped-call,unused-ignore]
                 # torch.jit.trace records the ops the forward runs; a compiled call fails
                 # there, and its error turned compile off for the model's own later calls.
                 return inner(*args, **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from torchbridge.levels import OptimizationLevel
@@ -19,6 +20,7 @@ COMPILE_PASS = "compile"
 KERNEL_SUBSTITUTION_PASS = "kernel_substitution"
 FOLDING_PASS = "conv_bn_folding"
 LOW_PRECISION_WEIGHTS_PASS = "low_precision_weights"
+AUTOCAST_PASS = "autocast"
 QUANTIZE_NOT_ASKED = "no quantization asked for (prepare_model(quantize=...) or config " \
                      "optimization.quantize)"
 
@@ -97,6 +99,7 @@ class OptimizationResult:
         self._note_later_compile_failure()
         self._note_unfolded()
         self._note_weights_restored()
+        self._note_converted()
 
     def _note_unfolded(self) -> None:
         """A state dict loaded into the prepared model, or train(), makes its folded
@@ -126,6 +129,26 @@ class OptimizationResult:
                 self.passes[i] = PassRecord(
                     record.name, "skipped", f"undone after prepare_model returned: {why}",
                     record.plugin, record.seconds)
+
+    def _note_converted(self) -> None:
+        """Converted to another floating dtype after prepare_model returned (model.half(),
+        .double(), .to(dtype)), the model computes in it without autocast
+        (forward.watch_dtype_conversion): autocast, and the weights it stored in low
+        precision, are listed as undone."""
+        from torchbridge.optimize.forward import CONVERTED
+
+        now = self.model.__dict__.get(CONVERTED)
+        if not isinstance(now, torch.dtype):
+            return
+        name = str(now).removeprefix("torch.")
+        why = (f"undone after prepare_model returned: the model was converted to {name} "
+               f"(Module.half(), .double(), .to(dtype)); it computes in {name} as converted, "
+               "without autocast")
+        for i, record in enumerate(self.passes):
+            if record.name in (AUTOCAST_PASS, LOW_PRECISION_WEIGHTS_PASS) and \
+                    record.status == "applied":
+                self.passes[i] = PassRecord(record.name, "skipped", why, record.plugin,
+                                            record.seconds)
 
     def _note_later_compile_failure(self) -> None:
         """The compiled forward runs uncompiled for good once it failed at a call after

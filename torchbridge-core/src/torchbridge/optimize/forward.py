@@ -110,7 +110,7 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
 
     def make(inner: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
-            if getattr(model, CONVERTED, None) is not None:
+            if CONVERTED in model.__dict__:
                 return inner(*args, **kwargs)
             if kwargs.get("past_key_values") is not None:
                 caches_eager(kwargs["past_key_values"])

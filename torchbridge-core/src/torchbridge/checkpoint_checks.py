@@ -303,11 +303,13 @@ class _DryRun(pickle.Unpickler):
 
 
 def _storage_itemsize(storage_type: Any) -> int:
-    name = getattr(storage_type, "name", None)
-    if getattr(storage_type, "module", None) != "torch" or not isinstance(name, str):
-        raise Damaged("a storage of an unknown type")
-    if name == "UntypedStorage":
+    name, module = getattr(storage_type, "name", None), getattr(storage_type, "module", None)
+    # torch.save writes the storage of a dtype with no typed storage class of its own
+    # (float8, uint16-64, complex32) as torch.storage.UntypedStorage, sized in bytes.
+    if (module, name) in (("torch", "UntypedStorage"), ("torch.storage", "UntypedStorage")):
         return 1
+    if module != "torch" or not isinstance(name, str):
+        raise Damaged("a storage of an unknown type")
     cls = getattr(torch, name, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

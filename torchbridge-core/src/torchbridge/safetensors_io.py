@@ -6,8 +6,10 @@ is bounded and inside the file, the header is JSON with no repeated names, every
 has a known dtype, a shape whose element count times the item size equals its byte range,
 and byte ranges that lie inside the data and do not overlap. Files written by torchbridge
 also carry `torchbridge.sha256` in their metadata: a digest of every tensor's name, dtype,
-shape and bytes and of the other metadata, so any change to what is loaded fails the check
-(safetensors files from elsewhere have no checksum: they are checked structurally only).
+shape and bytes and of the other metadata, so any change to what is loaded fails the check,
+and `torchbridge.checksum` (covered by the digest), so that a change to the digest's key
+name fails it too (safetensors files from elsewhere have no checksum: they are checked
+structurally only).
 
 Only tensors go into a safetensors file: a state with other values (an optimizer's step
 counts, nested dicts) is refused naming the key; save it as a torch (.pt) checkpoint.
@@ -30,17 +32,24 @@ from torchbridge.atomic_file import describe_os_error, write_atomically
 from torchbridge.errors import CheckpointError
 
 HASH_KEY = "torchbridge.sha256"
+# Written with the digest, and covered by it: a file that has it and no digest lost its
+# digest's key to a changed byte (read as a file from elsewhere, it would have loaded
+# unchecked: one flipped bit in the key's name, and any change to the data went through).
+CHECKSUM_MARKER = ("torchbridge.checksum", "sha256")
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
 MAX_INDEX = 64 * 1024 * 1024
 INDEX_SUFFIX = ".safetensors.index.json"
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
-             "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1,
-             "F8_E5M2": 1, "C64": 8}
+# The dtypes of the safetensors format that torch has (the safetensors library's own
+# table: AMD's float8 variants and the wider unsigned integers included).
 _DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
                 torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
                 torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
                 torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-                torch.complex64: "C64"}
+                torch.float8_e4m3fnuz: "F8_E4M3FNUZ", torch.float8_e5m2fnuz: "F8_E5M2FNUZ",
+                torch.complex64: "C64", torch.uint16: "U16", torch.uint32: "U32",
+                torch.uint64: "U64"}
+_ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size()
+             for dtype, name in _DTYPE_NAMES.items()}
 
 
 class _Damaged(Exception):
@@ -102,7 +111,7 @@ def save(state: dict[str, Any], path: Path) -> Path:
         tensors[key] = tensor
         raw = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
         entries.append((key, _DTYPE_NAMES[tensor.dtype], list(tensor.shape), raw))
-    metadata = {"format": "pt"}
+    metadata = {"format": "pt", CHECKSUM_MARKER[0]: CHECKSUM_MARKER[1]}
     metadata[HASH_KEY] = _digest(entries, metadata)
     try:
         data = library.save(tensors, metadata=metadata)
@@ -174,6 +183,9 @@ def _checked_header(data: memoryview) -> tuple[dict[str, Any], int]:
     for (_, end, name), (begin, _, other) in itertools.pairwise(spans):
         if end > begin:
             raise _Damaged(f"tensors {name!r} and {other!r} overlap")
+    if HASH_KEY not in metadata and CHECKSUM_MARKER[0] in metadata:
+        raise _Damaged(f"its metadata says it carries a SHA-256 ({CHECKSUM_MARKER[0]}) but "
+                       f"has no {HASH_KEY} (a byte of its header was changed after the save)")
     if HASH_KEY in metadata:
         entries = [(name, header[name]["dtype"], header[name]["shape"],
                     data[start + b:start + e]) for b, e, name in spans]

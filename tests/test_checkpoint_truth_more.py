@@ -141,6 +141,27 @@ def test_saving_a_model_with_bf16_weights_from_prepare_model_warns(
     assert not saved_warnings(caplog)
 
 
+def test_saving_a_quantized_model_names_its_quantized_tensors(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """torchao's quantized weights read as bfloat16: the warning called them "tensors in
+    bfloat16", which the model as built would load. It names them as quantized now."""
+    pytest.importorskip("torchao")
+    model = mlp(64, 128, 8).eval()
+    config = torchbridge.TorchBridgeConfig(optimization={"disabled_passes": ["compile"]})
+    prepared = torchbridge.get_backend("cpu", config=config).prepare_model(
+        model, "O3", sample_input=torch.randn(16, 64), quantize="int8_weight_only")
+    report = torchbridge.optimization_result(prepared)
+    assert report is not None
+    if "quantize" not in [r.name for r in report.applied]:
+        pytest.skip(f"quantize did not run here: {report.summary()}")
+    with caplog.at_level(logging.WARNING, "torchbridge.checkpoint"):
+        torchbridge.save_checkpoint(prepared, tmp_path / "prepared.pt")
+    warnings = saved_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert "quantize" in warnings[0] and "quantized tensors (" in warnings[0]
+    assert "the model as built cannot load the quantized ones" in warnings[0]
+
+
 # -- 6. an optimizer over another model's parameters ------------------------------------------
 
 def test_an_optimizer_of_another_model_is_a_checkpoint_error(tmp_path: Path, group: None

@@ -131,8 +131,8 @@ def _ddp_rank(model: Any) -> int | None:
     return dist.get_rank()
 
 
-# Passes of prepare_model that store the model's parameters in another dtype.
-_DTYPE_PASSES = ("low_precision_weights",)
+# Passes of prepare_model that store the model's parameters in another dtype or form.
+_DTYPE_PASSES = ("low_precision_weights", "quantize")
 
 
 def _warn_if_precision_lowered(model: nn.Module, state: dict[str, Any], path: Any) -> None:
@@ -147,16 +147,22 @@ def _warn_if_precision_lowered(model: nn.Module, state: dict[str, Any], path: An
     passes = [r.name for r in report.passes if r.status == "applied" and r.name in _DTYPE_PASSES]
     if not passes:
         return
-    counts = collections.Counter(str(t.dtype).removeprefix("torch.") for t in state.values()
-                                 if isinstance(t, torch.Tensor) and t.is_floating_point()
-                                 and t.element_size() < 4)
-    held = ", ".join(f"{n} tensors in {dtype}" for dtype, n in sorted(counts.items())) \
-        or "another dtype"
+    tensors = [t for t in state.values() if isinstance(t, torch.Tensor)]
+    # A quantized weight (torchao's Int8Tensor, ...) is a tensor subclass whose dtype
+    # reads as the float dtype it computes in: named by its class, not that dtype.
+    quantized = collections.Counter(type(t).__name__ for t in tensors
+                                    if type(t) not in (torch.Tensor, nn.Parameter))
+    counts = collections.Counter(str(t.dtype).removeprefix("torch.") for t in tensors
+                                 if type(t) in (torch.Tensor, nn.Parameter)
+                                 and t.is_floating_point() and t.element_size() < 4)
+    held = [f"{n} quantized tensors ({kind})" for kind, n in sorted(quantized.items())]
+    held += [f"{n} tensors in {dtype}" for dtype, n in sorted(counts.items())]
     logger.warning(
         "save_checkpoint %s: prepare_model applied %s to this model, so its weights and "
         "biases are saved as it stores them (%s), not in the precision of the model it was "
-        "prepared from; save the model you prepared from to keep that precision",
-        path, " and ".join(passes), held)
+        "prepared from%s; save the model you prepared from to keep that precision",
+        path, " and ".join(passes), ", ".join(held) or "another dtype",
+        ": the model as built cannot load the quantized ones" if quantized else "")
 
 
 def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.PathLike[str],
@@ -172,8 +178,8 @@ def save_checkpoint(model_or_state: nn.Module | dict[str, Any], path: str | os.P
     and leaves the previous file as it was.
 
     A model whose parameters prepare_model stored in another dtype (O3's
-    low_precision_weights: bf16) is saved as it is, with a warning logged: save the model
-    you prepared from to keep its precision.
+    low_precision_weights: bf16) or quantized is saved as it is, with a warning logged that
+    names them: save the model you prepared from to keep its precision.
 
     A DDP model (prepare_model(distributed="ddp")) on several ranks is written by rank 0
     alone: the other ranks return at once, writing nothing. A state holding one rank's

@@ -1,8 +1,8 @@
 """A model converted to another floating dtype after prepare_model (`.half()`, `.double()`,
 `.bfloat16()`, `.to(dtype)`) computes in that dtype as converted: autocast in bfloat16 had
-kept computing a float64 model in bfloat16 (1.6e-3 off), returned float32 from a bfloat16
-one, and a float16 one raised "mixed dtype (CPU)". Converted back to float32 it runs as
-prepared again. The report says autocast was undone while converted."""
+kept computing a float64 model in bfloat16, returned float32 from a bfloat16 one, and a
+float16 one raised "mixed dtype (CPU)". Converted back to float32 it runs under autocast
+again, its weights float32. The report says what was undone."""
 
 from __future__ import annotations
 
@@ -90,14 +90,27 @@ def test_a_converted_model_computes_in_its_new_dtype(conversion: str, compile_: 
     assert f"converted to {str(dtype).removeprefix('torch.')}" in summary
 
 
-def test_converted_back_to_float32_it_runs_as_prepared() -> None:
+def test_converted_back_to_float32_it_runs_under_autocast_with_float32_weights() -> None:
     model, prepared = prepare(compile_=False)
     prepared.double().float()
     with torch.no_grad():
         out, expected = prepared(IDS), model(IDS)
     assert out.dtype == torch.float32
     assert status(prepared, "autocast") == "applied"
+    assert prepared.mlp[0].weight.dtype == torch.float32
+    assert status(prepared, "low_precision_weights") == "skipped"
     assert float((out - expected).abs().max() / expected.abs().max()) < 3e-2
+
+
+def test_a_converted_model_trains_in_its_new_dtype() -> None:
+    """Training after a conversion put the weights low_precision_weights had cast back in
+    float32 beside float64 norms: "mat1 and mat2 must have the same dtype"."""
+    _, prepared = prepare(compile_=False)
+    prepared.double().train()
+    optimizer = torch.optim.SGD(prepared.parameters(), lr=1e-3)
+    prepared(IDS).sum().backward()
+    optimizer.step()
+    assert {p.dtype for p in prepared.parameters()} == {torch.float64}
 
 
 def test_a_move_to_the_same_device_keeps_autocast() -> None:

@@ -97,3 +97,26 @@ def test_a_layer_stores_in_its_dtype_once_allocated() -> None:
         again = prepared(PROMPT, past_key_values=cache, use_cache=True).logits
     assert cache.layers[0].keys.dtype == torch.bfloat16
     assert float((again - first).abs().max() / first.abs().max()) < LEVEL_TOLERANCE["O3"]
+
+
+def test_a_copied_or_pickled_cache_is_a_cache_of_its_own() -> None:
+    """The wrapped update was copied with the layer, bound to the original layer: a copy
+    of a cache (transformers' prefix-cache reuse) wrote into the original's tensors."""
+    import copy
+    import pickle
+
+    torch.manual_seed(0)
+    model = MODELS["llama"]().eval()
+    backend = torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(
+        optimization={"disabled_passes": ["compile"]}))
+    prepared = backend.prepare_model(model, "O3", sample_input={"input_ids": PROMPT})
+    cache = tf.StaticCache(config=model.config, max_cache_len=16)
+    with torch.no_grad():
+        prepared(PROMPT, past_key_values=cache, use_cache=True)
+        kept = [layer.keys.clone() for layer in cache.layers]
+        for twin in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+            prepared(torch.tensor([[5]]), past_key_values=twin, use_cache=True,
+                     cache_position=torch.tensor([10]))
+            assert float(twin.layers[0].keys[0, :, 10].abs().sum()) > 0
+            assert all(torch.equal(layer.keys, k) for layer, k in zip(cache.layers, kept,
+                                                                       strict=True))

@@ -6,6 +6,8 @@ weight moves it, as it moves eager's; the report says the pass was undone."""
 from __future__ import annotations
 
 import copy
+import logging
+from typing import Any
 
 import pytest
 import torch
@@ -92,3 +94,20 @@ def test_a_copy_restores_its_own_weights() -> None:
     assert twin[0].weight.dtype == torch.float32
     assert prepared[0].weight.dtype == torch.bfloat16
     assert status(prepared, "low_precision_weights") == "applied"
+
+
+def test_a_model_prepared_again_after_training_reports_its_new_preparation(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """What the first preparation's training left on the model (its weights back in
+    float32) said, on the second preparation's report, that low_precision_weights was
+    undone, and save_checkpoint warned of bf16 weights the model no longer held."""
+    prepared = prepare(mlp())
+    prepared.train()
+    sgd_step(prepared, lr=1e-4)
+    with caplog.at_level(logging.WARNING, "torchbridge.checkpoint"):
+        torchbridge.save_checkpoint(prepared, tmp_path / "trained.pt")
+    assert not [r for r in caplog.records if r.name == "torchbridge.checkpoint"]
+
+    again = prepare(prepared.eval())  # asserts low_precision_weights applied
+
+    assert again[0].weight.dtype == torch.bfloat16

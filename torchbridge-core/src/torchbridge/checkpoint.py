@@ -144,7 +144,9 @@ def _warn_if_precision_lowered(model: nn.Module, state: dict[str, Any], path: An
     report = optimization_result(model) or optimization_result(unwrap(model))
     if report is None:
         return
-    passes = [r.name for r in report.passes if r.status == "applied" and r.name in _DTYPE_PASSES]
+    # .applied: what still holds (a pass undone after prepare_model returned, the weights
+    # back in float32 after training, is not).
+    passes = [r.name for r in report.applied if r.name in _DTYPE_PASSES]
     if not passes:
         return
     tensors = [t for t in state.values() if isinstance(t, torch.Tensor)]

@@ -269,7 +269,7 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
                 if _matmul_module(module) and isinstance(getattr(module, "weight", None),
                                                         torch.Tensor)
                 and "weight" not in module._parameters]
-    restore: list[tuple[str, str, torch.dtype]] = []  # for training (training_weights.py)
+    restore: list[tuple[str, str, torch.dtype, torch.dtype]] = []  # training_weights.py
     for module_name, module in model.named_modules():
         if not _matmul_module(module):
             continue
@@ -281,7 +281,7 @@ def _low_precision_weights(model: nn.Module, ctx: PassContext) -> nn.Module:
             if not all(_matmul_module(m) or isinstance(m, nn.Embedding) for m in sharing):
                 kept += 1
                 continue
-            restore.append((module_name, param_name, param.dtype))
+            restore.append((module_name, param_name, param.dtype, dtype))
             param.data = param.data.to(dtype)  # the same Parameter: ties stay ties
             cast += 1
             holds = True

@@ -51,6 +51,11 @@ FORWARD_KEYS = frozenset({"forward", "__deepcopy__", "__reduce_ex__", _RECIPE, "
 # On a module with a forward of its own, once its model was converted to another floating
 # dtype after prepare_model (watch_dtype_conversion): that dtype.
 CONVERTED = "_torchbridge_converted_to"
+# On a model whose weights low_precision_weights stored in low precision: which, to put
+# back when it trains (training_weights.py); once they are back in a dtype of their own
+# (training, a conversion), why, for the report.
+LOW_PRECISION_CAST = "_torchbridge_low_precision_weights"
+WEIGHTS_RESTORED = "_torchbridge_weights_restored"
 
 
 def install_forward(model: nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]],
@@ -121,6 +126,8 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
             return cast_back_eager(out, dtype, out_dtype)
         return forward
 
+    for module in model.modules():  # left by an earlier preparation of this model
+        module.__dict__.pop(CONVERTED, None)
     install_forward(model, make, lambda twin: autocast_forward(twin, device_type, dtype,
                                                                out_dtype))
     watch_dtype_conversion(model, out_dtype)
@@ -131,11 +138,13 @@ def watch_dtype_conversion(model: nn.Module, out_dtype: torch.dtype) -> None:
     its floating parameters one dtype: from then on the model computes in that dtype as
     converted, without autocast and without casting outputs back (each module with a
     forward of its own is marked CONVERTED). Autocast in bfloat16 had kept computing a
-    float64 model in bfloat16 (1.6e-3 off the float64 model), returned float32 from a
-    bfloat16 one, and a float16 one raised ("mixed dtype (CPU)"). Converted back to
-    `out_dtype`, the model's own dtype, it runs as prepared again. A move to another device
-    (the same dtypes) changes nothing. Installed as the instance's `_apply`, through which
-    every such Module method goes."""
+    float64 model in bfloat16, returned float32 from a bfloat16 one, and a float16 one
+    raised ("mixed dtype (CPU)"). Converted back to `out_dtype`, the model's own dtype, it
+    runs under autocast again. Either way the weights low_precision_weights cast are in a
+    dtype of their own from then on (WEIGHTS_RESTORED, for the report; nothing to restore
+    for training). A move to another device (the same dtypes) changes nothing. Installed as
+    the instance's `_apply`, through which every such Module method goes; a conversion of a
+    submodule alone is not seen."""
 
     def _apply(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         before = _floating_dtypes(model)
@@ -143,6 +152,12 @@ def watch_dtype_conversion(model: nn.Module, out_dtype: torch.dtype) -> None:
         after = _floating_dtypes(model)
         if after != before and len(after) == 1:
             (now,) = after
+            if model.__dict__.pop(LOW_PRECISION_CAST, None) is not None:
+                name = str(now).removeprefix("torch.")
+                model.__dict__.setdefault(
+                    WEIGHTS_RESTORED, f"the model was converted to {name} after "
+                    f"prepare_model returned, so the weights stored in low precision are "
+                    f"{name} now")
             for module in model.modules():
                 if _RECIPE in module.__dict__:
                     if now == out_dtype:
@@ -304,14 +319,14 @@ def compiled_forward(model: nn.Module, compile: Callable[[Callable[..., Any]], A
         compiled = compile(fresh)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
+            if torch.jit.is_tracing():  # type: ignore[attr-defined,no-untyped-call,unused-ignore]
+                # torch.jit.trace records the ops the forward runs; a compiled call fails
+                # there, and its error turned compile off for the model's own later calls.
+                return inner(*args, **kwargs)
             signature = call_signature(args, kwargs)
             if state.signature is None:
                 state.signature = signature
             if state.error is not None or state.bypass or state.stale is not None:
-                return inner(*args, **kwargs)
-            if torch.jit.is_tracing():  # type: ignore[attr-defined,no-untyped-call,unused-ignore]
-                # torch.jit.trace records the ops the forward runs; a compiled call fails
-                # there, and its error turned compile off for the model's own later calls.
                 return inner(*args, **kwargs)
             frozen = state.frozen
             if frozen is not None and (changed := frozen.changed()) is not None:

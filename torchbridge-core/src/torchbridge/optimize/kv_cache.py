@@ -23,12 +23,18 @@ encoder-decoder's), so transformers is never imported here.
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 _SAME_DTYPE = "_torchbridge_same_dtype_update"  # set on a layer whose update is wrapped
+# What the wrapping puts in a layer's __dict__: a copy or a pickle of the layer leaves them
+# out (its own reduction), and the copy is wrapped anew at its first call. Copied as they
+# are, the copy's update was bound to the original layer and wrote into its tensors
+# (transformers' prefix-cache reuse deep-copies a cache).
+_OURS = frozenset({"update", _SAME_DTYPE, "__reduce_ex__"})
 
 
 def same_dtype_updates(cache: Any) -> None:
@@ -37,9 +43,10 @@ def same_dtype_updates(cache: Any) -> None:
     for held in _caches(cache):
         for layer in held.layers:
             if hasattr(layer, "max_cache_len") and callable(getattr(layer, "update", None)) \
-                    and not getattr(layer, _SAME_DTYPE, False):
-                layer.update = _same_dtype_update(layer, layer.update)
-                setattr(layer, _SAME_DTYPE, True)
+                    and not layer.__dict__.get(_SAME_DTYPE, False):
+                layer.__dict__["update"] = _same_dtype_update(layer, layer.update)
+                layer.__dict__[_SAME_DTYPE] = True
+                layer.__dict__["__reduce_ex__"] = types.MethodType(_reduce_unwrapped, layer)
 
 
 def _caches(cache: Any) -> Iterator[Any]:
@@ -63,3 +70,16 @@ def _same_dtype_update(layer: Any, update: Callable[..., Any]) -> Callable[..., 
             key_dtype = value_dtype = torch.promote_types(key_states.dtype, value_states.dtype)
         return update(key_states.to(key_dtype), value_states.to(value_dtype), *args, **kwargs)
     return same_dtype
+
+
+def _reduce_unwrapped(layer: Any, protocol: int) -> tuple[Any, ...]:
+    """copy.deepcopy and pickle of a wrapped layer: the layer as its class makes it, with
+    its state but not the wrapping."""
+    state = {k: v for k, v in layer.__dict__.items() if k not in _OURS}
+    return _rebuilt, (type(layer), state)
+
+
+def _rebuilt(cls: Any, state: dict[str, Any]) -> Any:
+    layer = cls.__new__(cls)
+    layer.__dict__.update(state)
+    return layer

@@ -116,12 +116,13 @@ class OptimizationResult:
                     record.plugin, record.seconds)
 
     def _note_weights_restored(self) -> None:
-        """Called in training mode, the model's weights stored in low precision are back in
-        their dtype (training_weights.py): the report says so instead of listing
+        """Called in training mode (training_weights.py), or converted to another dtype
+        (forward.watch_dtype_conversion), the model's weights stored in low precision are
+        in a dtype of their own again: the report says so instead of listing
         low_precision_weights as applied."""
-        from torchbridge.optimize.training_weights import RESTORED
+        from torchbridge.optimize.forward import WEIGHTS_RESTORED
 
-        why = self.model.__dict__.get(RESTORED)
+        why = self.model.__dict__.get(WEIGHTS_RESTORED)
         if not isinstance(why, str):
             return
         for i, record in enumerate(self.passes):

@@ -26,26 +26,28 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchbridge.optimize.forward import LOW_PRECISION_CAST as _CAST
+from torchbridge.optimize.forward import WEIGHTS_RESTORED as RESTORED
 from torchbridge.optimize.forward import install_forward
 
 logger = logging.getLogger(__name__)
 
-# On the model: the weights the pass cast, as (module name, parameter name, dtype before).
-_CAST = "_torchbridge_low_precision_weights"
-# On the model once they are back in their dtype: why, for the report.
-RESTORED = "_torchbridge_weights_restored"
+# On the model (_CAST): the weights the pass cast, as (module name, parameter name, dtype
+# before, dtype cast to). Once they are back in a dtype of their own (RESTORED): why, for
+# the report; a conversion of the model (forward.watch_dtype_conversion) sets it too.
 RESTORED_BY_TRAINING = ("the model was called in training mode, so the weights stored in "
                         "low precision are parameters of their own dtype again (holding the "
                         "rounded values; autocast still computes in low precision: "
                         "mixed-precision training)")
 
-Cast = list[tuple[str, str, torch.dtype]]
+Cast = list[tuple[str, str, torch.dtype, torch.dtype]]
 
 
 def restore_when_training(model: nn.Module, cast: Cast) -> None:
     """Install the check on the model's forward: `cast` lists the parameters the pass
     stored in low precision, with their dtype before."""
     model.__dict__[_CAST] = list(cast)
+    model.__dict__.pop(RESTORED, None)  # left by an earlier preparation of this model
     # Nothing for dynamo to trace: in eval mode (compiled inference) the branch is not
     # taken, guarded on `training` as dynamo guards any module flag.
     restore_eager = torch.compiler.disable(restore_weights)  # type: ignore[no-untyped-call,unused-ignore]
@@ -65,12 +67,15 @@ def restore_weights(model: nn.Module, why: str = RESTORED_BY_TRAINING) -> int:
     returns how many it changed. Once only: later calls find nothing to do."""
     cast: Cast = model.__dict__.pop(_CAST, [])
     changed = 0
-    for module_name, param_name, dtype in cast:
-        param = model.get_submodule(module_name)._parameters.get(param_name)
-        # A weight quantized after the pass (a torchao tensor subclass) stays as it is: a
-        # cast would dequantize it, and it does not train either way.
-        if param is not None and type(param.data) is torch.Tensor and param.dtype != dtype \
-                and param.is_floating_point():
+    for module_name, param_name, dtype, low in cast:
+        try:
+            param = model.get_submodule(module_name)._parameters.get(param_name)
+        except AttributeError:  # the module was taken out of the model since
+            continue
+        # Only a weight still as the pass left it: not one quantized after the pass (a
+        # torchao tensor subclass, which a cast would dequantize, and which does not train
+        # either way), nor one the caller put in another dtype since.
+        if param is not None and type(param.data) is torch.Tensor and param.dtype == low:
             param.data = param.data.to(dtype)
             changed += 1
     if changed:

@@ -111,3 +111,12 @@ def test_a_model_prepared_again_after_training_reports_its_new_preparation(
     again = prepare(prepared.eval())  # asserts low_precision_weights applied
 
     assert again[0].weight.dtype == torch.bfloat16
+
+
+def test_a_copy_of_a_trained_model_says_its_weights_are_float32() -> None:
+    prepared = prepare(mlp())
+    prepared.train()
+    sgd_step(prepared, lr=1e-4)
+    twin = copy.deepcopy(prepared.eval())
+    assert twin[0].weight.dtype == torch.float32
+    assert status(twin, "low_precision_weights") == "skipped"

@@ -96,9 +96,10 @@ def _deepcopy_prepared(model: nn.Module, memo: dict[int, Any]) -> nn.Module:
 
 
 def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
-                     out_dtype: torch.dtype) -> None:
+                     out_dtype: torch.dtype, fresh: bool = True) -> None:
     """Forward under torch.autocast; floating outputs in `dtype` come back in `out_dtype`
-    (the model's own dtype), in the same containers."""
+    (the model's own dtype), in the same containers. `fresh` False: installed again on a
+    deep copy, which keeps the original's conversion (CONVERTED) as it stands."""
 
     # Registering an output type pytree does not know yet is Python bookkeeping that
     # dynamo cannot trace: that first time, the cast runs outside the compiled region.
@@ -126,10 +127,11 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
             return cast_back_eager(out, dtype, out_dtype)
         return forward
 
-    for module in model.modules():  # left by an earlier preparation of this model
-        module.__dict__.pop(CONVERTED, None)
+    if fresh:
+        for module in model.modules():  # left by an earlier preparation of this model
+            module.__dict__.pop(CONVERTED, None)
     install_forward(model, make, lambda twin: autocast_forward(twin, device_type, dtype,
-                                                               out_dtype))
+                                                               out_dtype, fresh=False))
     watch_dtype_conversion(model, out_dtype)
 
 

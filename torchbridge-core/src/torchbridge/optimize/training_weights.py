@@ -43,11 +43,13 @@ RESTORED_BY_TRAINING = ("the model was called in training mode, so the weights s
 Cast = list[tuple[str, str, torch.dtype, torch.dtype]]
 
 
-def restore_when_training(model: nn.Module, cast: Cast) -> None:
+def restore_when_training(model: nn.Module, cast: Cast | None) -> None:
     """Install the check on the model's forward: `cast` lists the parameters the pass
-    stored in low precision, with their dtype before."""
-    model.__dict__[_CAST] = list(cast)
-    model.__dict__.pop(RESTORED, None)  # left by an earlier preparation of this model
+    stored in low precision, with their dtype before and after; None on a deep copy of a
+    prepared model, which carries the original's lists and reasons as they stand."""
+    if cast is not None:
+        model.__dict__[_CAST] = list(cast)
+        model.__dict__.pop(RESTORED, None)  # left by an earlier preparation of this model
     # Nothing for dynamo to trace: in eval mode (compiled inference) the branch is not
     # taken, guarded on `training` as dynamo guards any module flag.
     restore_eager = torch.compiler.disable(restore_weights)  # type: ignore[no-untyped-call,unused-ignore]
@@ -59,7 +61,7 @@ def restore_when_training(model: nn.Module, cast: Cast) -> None:
             return inner(*args, **kwargs)
         return forward
 
-    install_forward(model, make, lambda twin: restore_when_training(twin, cast))
+    install_forward(model, make, lambda twin: restore_when_training(twin, None))
 
 
 def restore_weights(model: nn.Module, why: str = RESTORED_BY_TRAINING) -> int:

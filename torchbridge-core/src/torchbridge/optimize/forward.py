@@ -168,7 +168,7 @@ def watch_dtype_conversion(model: nn.Module, out_dtype: torch.dtype) -> None:
                         module.__dict__[CONVERTED] = now
             logger.info("%s converted to %s after prepare_model: it computes in %s%s",
                         type(model).__name__, now, now, "" if now != out_dtype else
-                        " under autocast again, as prepared")
+                        " under autocast again")
         return out
 
     model.__dict__["_apply"] = _apply

@@ -338,3 +338,23 @@ def test_any_keyword_arguments_load_or_are_a_configuration_error(kwargs: dict[st
 
 if sys.platform == "win32":  # pragma: no cover
     pytestmark = pytest.mark.skip("POSIX file semantics")
+
+
+@pytest.mark.parametrize(("section", "key"), [
+    ("memory", "max_memory_fraction"), ("memory", "oom_safety_margin"),
+    ("optimization", "quantize_min_cosine"), ("optimization", "quantize_min_argmax_agreement")])
+def test_a_bool_for_a_number_is_refused_naming_the_key(section: str, key: str) -> None:
+    """pydantic's lax mode read `max_memory_fraction: true` as a cap of 1.0."""
+    with pytest.raises(ConfigurationError, match=rf"{section}\.{key}.*got the bool True"):
+        TorchBridgeConfig(**{section: {key: True}})
+    config = TorchBridgeConfig()
+    before = getattr(getattr(config, section), key)
+    with pytest.raises(ConfigurationError, match="got the bool"):
+        setattr(getattr(config, section), key, False)
+    assert getattr(getattr(config, section), key) == before
+
+
+def test_a_bool_for_the_cpu_thread_count_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match=r"hardware\.cpu\.num_threads.*bool"):
+        TorchBridgeConfig(hardware={"cpu": {"num_threads": True}})
+    assert TorchBridgeConfig(hardware={"cpu": {"num_threads": 2}}).hardware.cpu.num_threads == 2

@@ -63,11 +63,12 @@ def test_a_bool_is_not_a_dimension(manager: MemoryManager) -> None:
 
 def test_a_negative_byte_count_is_refused(manager: MemoryManager) -> None:
     # check_allocation(-10**18) passed silently.
-    for nbytes in (-10**18, -1, float("nan")):
+    for nbytes in (-10**18, -1, float("nan"), 1.5):  # 1.5 bytes is no byte count either
         with pytest.raises(ConfigurationError, match="nbytes must be a byte count >= 0"):
             manager.check_allocation(nbytes)  # type: ignore[arg-type]
     manager.check_allocation(0)
     manager.check_allocation(1024)
+    manager.check_allocation(1024.0)
 
 
 def test_a_non_contiguous_owner_is_refused_for_what_it_is(

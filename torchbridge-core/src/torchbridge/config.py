@@ -253,6 +253,15 @@ def strict_section(model: type[BaseModel]) -> type[ConfigSection]:
     return strict
 
 
+def not_a_bool(value: Any) -> Any:
+    """For a numeric field's `mode="before"` validator: a bool is an int to Python and to
+    pydantic's lax mode, which read `max_memory_fraction: true` as a cap of 1.0; a number
+    field of the core takes numbers only, as shapes and byte counts do."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got the bool {value}")
+    return value
+
+
 class KernelConfig(ConfigSection):
     enabled: bool = Field(default=True, description="use the kernels plugins provide for "
                           "torchbridge ops (off: every op runs its reference)")
@@ -276,6 +285,9 @@ class MemoryConfig(ConfigSection):
         default=1.1, ge=1.0, le=10.0, description="factor on a requested size that must fit "
         "in free device memory when enable_oom_protection is on")
 
+    _numbers = field_validator("max_memory_fraction", "oom_safety_margin",
+                               mode="before")(not_a_bool)
+
 
 QuantizeMode = Literal["int8", "int8_weight_only", "int4_weight_only", "float8"]
 
@@ -295,6 +307,9 @@ class OptimizationConfig(ConfigSection):
         default=0.90, ge=0.0, le=1.0, description="accuracy gate of a quantized model: "
         "least share of rows whose argmax (top class or token) matches the unquantized "
         "model's on the sample input")
+
+    _numbers = field_validator("quantize_min_cosine", "quantize_min_argmax_agreement",
+                               mode="before")(not_a_bool)
     time_first_call: bool = Field(
         default=True, description="without a sample input, O2 and O3 time the prepared "
         "model on its first call's input (eval mode) against O0 and itself uncompiled, and "

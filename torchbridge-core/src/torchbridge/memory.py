@@ -240,12 +240,12 @@ class MemoryManager:
         """Raise OutOfMemoryError if `nbytes` x margin exceeds free memory: the device's,
         plus what this process's allocator has reserved and does not use. Where the backend
         cannot tell free memory the check passes and the allocator decides. A byte count
-        that is negative, not finite or not a number is a ConfigurationError."""
+        that is negative, not whole, not finite or not a number is a ConfigurationError."""
         try:  # NumPy's and torch's numbers too (np.prod(shape) * 4, a 0-d tensor)
             count = float(nbytes) if not isinstance(nbytes, (bool, str, bytes)) else None
         except (TypeError, ValueError, RuntimeError):
             count = None
-        if count is None or not 0 <= count < math.inf:
+        if count is None or not 0 <= count < math.inf or not count.is_integer():
             raise ConfigurationError(f"nbytes must be a byte count >= 0, got {nbytes!r}",
                                      field="nbytes", value=nbytes)
         margin = self._margin(safety_margin)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from torchbridge.config import ConfigSection
+from torchbridge.config import ConfigSection, not_a_bool
 
 MAX_THREADS = 4096
 
@@ -17,6 +17,7 @@ class CPUConfig(ConfigSection):
     num_threads: int | None = Field(default=None, ge=1, le=MAX_THREADS,
                                     description="torch intra-op threads (None: torch's "
                                     f"default; at most {MAX_THREADS})")
+    _numbers = field_validator("num_threads", mode="before")(not_a_bool)
     allow_bf16: bool = Field(default=True,
                              description="use bf16 autocast at O2+ when the CPU has native bf16")
     # Off by default: measured 7-13% faster O3 calls on a 2-core AMD EPYC without AMX,

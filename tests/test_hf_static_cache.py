@@ -7,6 +7,8 @@ dynamic cache, and as close to the model as given as the level's tolerance says.
 
 from __future__ import annotations
 
+import copy
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -78,14 +80,19 @@ def test_o3_decodes_with_a_static_cache_as_with_the_dynamic_one(name: str) -> No
     assert relative(static, eager) <= LEVEL_TOLERANCE["O3"]
 
 
-def test_a_layer_stores_in_its_dtype_once_allocated() -> None:
-    """A cache the caller allocated in bfloat16 gets the float32 keys in bfloat16, as a
-    copy into it would give them, not an error."""
+def prepared_llama() -> tuple[nn.Module, nn.Module]:
+    """The Llama as built, and prepared at O3 without compile."""
     torch.manual_seed(0)
     model = MODELS["llama"]().eval()
     backend = torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(
         optimization={"disabled_passes": ["compile"]}))
-    prepared = backend.prepare_model(model, "O3", sample_input={"input_ids": PROMPT})
+    return model, backend.prepare_model(model, "O3", sample_input={"input_ids": PROMPT})
+
+
+def test_a_layer_stores_in_its_dtype_once_allocated() -> None:
+    """A cache the caller allocated in bfloat16 gets the float32 keys in bfloat16, as a
+    copy into it would give them, not an error."""
+    model, prepared = prepared_llama()
     cache = tf.StaticCache(config=model.config, max_cache_len=16)
     with torch.no_grad():
         first = prepared(PROMPT, past_key_values=cache, use_cache=True).logits
@@ -102,14 +109,7 @@ def test_a_layer_stores_in_its_dtype_once_allocated() -> None:
 def test_a_copied_or_pickled_cache_is_a_cache_of_its_own() -> None:
     """The wrapped update was copied with the layer, bound to the original layer: a copy
     of a cache (transformers' prefix-cache reuse) wrote into the original's tensors."""
-    import copy
-    import pickle
-
-    torch.manual_seed(0)
-    model = MODELS["llama"]().eval()
-    backend = torchbridge.get_backend("cpu", torchbridge.TorchBridgeConfig(
-        optimization={"disabled_passes": ["compile"]}))
-    prepared = backend.prepare_model(model, "O3", sample_input={"input_ids": PROMPT})
+    model, prepared = prepared_llama()
     cache = tf.StaticCache(config=model.config, max_cache_len=16)
     with torch.no_grad():
         prepared(PROMPT, past_key_values=cache, use_cache=True)

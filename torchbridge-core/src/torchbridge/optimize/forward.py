@@ -112,7 +112,7 @@ def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype,
     cast_back_eager = torch.compiler.disable(_cast_back)  # type: ignore[no-untyped-call,unused-ignore]
     # Setting attributes on a cache object is nothing for dynamo to trace (a compiled
     # forward only meets a cache where the sample input holds one).
-    caches_eager = torch.compiler.disable(_kv_caches_in_one_dtype)  # type: ignore[no-untyped-call,unused-ignore]
+    caches_eager = torch.compiler.disable(same_dtype_updates)  # type: ignore[no-untyped-call,unused-ignore]
 
     def make(inner: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -178,13 +178,6 @@ def _floating_dtypes(model: nn.Module) -> set[torch.dtype]:
     return {p.dtype for p in model.parameters() if p.is_floating_point()}
 
 
-def _kv_caches_in_one_dtype(cache: Any) -> None:
-    """Autocast gives a decoder's keys and values in different dtypes, which a fixed-size
-    KV cache cannot store (optimize/kv_cache.py)."""
-    if not isinstance(cache, (tuple, list, torch.Tensor)):
-        same_dtype_updates(cache)
-
-
 def _cast_back(out: Any, dtype: torch.dtype, out_dtype: torch.dtype) -> Any:
     return trees.map_tensors(lambda t: t.to(out_dtype) if t.dtype == dtype else t, out)
 
@@ -204,7 +197,7 @@ def autocast_when_called_alone(module: nn.Module, device_type: str, dtype: torch
             if torch.is_autocast_enabled(device_type) or CONVERTED in module.__dict__:
                 return inner(*args, **kwargs)
             if kwargs.get("past_key_values") is not None:
-                _kv_caches_in_one_dtype(kwargs["past_key_values"])
+                same_dtype_updates(kwargs["past_key_values"])
             with torch.autocast(device_type=device_type, dtype=dtype):
                 out = inner(*args, **kwargs)
             return _cast_back(out, dtype, out_dtype)

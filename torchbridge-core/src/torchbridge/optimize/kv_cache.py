@@ -39,7 +39,9 @@ _OURS = frozenset({"update", _SAME_DTYPE, "__reduce_ex__"})
 
 def same_dtype_updates(cache: Any) -> None:
     """Wrap the `update` of every fixed-size layer of `cache` (once each; the cache itself
-    is otherwise left alone) so that keys and values reach it in one dtype."""
+    is otherwise left alone) so that keys and values reach it in one dtype. Under autocast
+    a decoder's keys and values come in different dtypes, which such a layer cannot store.
+    Anything else (a legacy tuple of tensors) holds no such layer and is left as it is."""
     for held in _caches(cache):
         for layer in held.layers:
             if hasattr(layer, "max_cache_len") and callable(getattr(layer, "update", None)) \

@@ -101,19 +101,25 @@ class OptimizationResult:
         self._note_weights_restored()
         self._note_converted()
 
+    def _undone_after_return(self, names: tuple[str, ...], why: str) -> None:
+        """The applied records of the passes `names` become skipped, "undone after
+        prepare_model returned", with why."""
+        for i, record in enumerate(self.passes):
+            if record.name in names and record.status == "applied":
+                self.passes[i] = PassRecord(
+                    record.name, "skipped", f"undone after prepare_model returned: {why}",
+                    record.plugin, record.seconds)
+
     def _note_unfolded(self) -> None:
         """A state dict loaded into the prepared model, or train(), makes its folded
         BatchNorms BatchNorms again (folding.FoldedBatchNorm): with none left folded, the
         report says so, and why, instead of listing conv_bn_folding as applied."""
         from torchbridge.optimize.folding import UNFOLDED_BY_LOAD, FoldedBatchNorm, undone_reason
 
-        for i, record in enumerate(self.passes):
-            if record.name == FOLDING_PASS and record.status == "applied" and not any(
-                    isinstance(m, FoldedBatchNorm) for m in self.model.modules()):
-                why = undone_reason(self.model) or UNFOLDED_BY_LOAD
-                self.passes[i] = PassRecord(
-                    record.name, "skipped", f"undone after prepare_model returned: {why}",
-                    record.plugin, record.seconds)
+        if any(p.name == FOLDING_PASS and p.status == "applied" for p in self.passes) and \
+                not any(isinstance(m, FoldedBatchNorm) for m in self.model.modules()):
+            self._undone_after_return((FOLDING_PASS,),
+                                      undone_reason(self.model) or UNFOLDED_BY_LOAD)
 
     def _note_weights_restored(self) -> None:
         """Called in training mode (training_weights.py), or converted to another dtype
@@ -123,33 +129,23 @@ class OptimizationResult:
         from torchbridge.optimize.forward import WEIGHTS_RESTORED
 
         why = self.model.__dict__.get(WEIGHTS_RESTORED)
-        if not isinstance(why, str):
-            return
-        for i, record in enumerate(self.passes):
-            if record.name == LOW_PRECISION_WEIGHTS_PASS and record.status == "applied":
-                self.passes[i] = PassRecord(
-                    record.name, "skipped", f"undone after prepare_model returned: {why}",
-                    record.plugin, record.seconds)
+        if isinstance(why, str):
+            self._undone_after_return((LOW_PRECISION_WEIGHTS_PASS,), why)
 
     def _note_converted(self) -> None:
         """Converted to another floating dtype after prepare_model returned (model.half(),
         .double(), .to(dtype)), the model computes in it without autocast
-        (forward.watch_dtype_conversion): autocast, and the weights it stored in low
-        precision, are listed as undone."""
+        (forward.watch_dtype_conversion): autocast is listed as undone. (The weights it
+        stored in low precision are converted too: _note_weights_restored says so.)"""
         from torchbridge.optimize.forward import CONVERTED
 
         now = self.model.__dict__.get(CONVERTED)
-        if not isinstance(now, torch.dtype):
-            return
-        name = str(now).removeprefix("torch.")
-        why = (f"undone after prepare_model returned: the model was converted to {name} "
-               f"(Module.half(), .double(), .to(dtype)); it computes in {name} as converted, "
-               "without autocast")
-        for i, record in enumerate(self.passes):
-            if record.name in (AUTOCAST_PASS, LOW_PRECISION_WEIGHTS_PASS) and \
-                    record.status == "applied":
-                self.passes[i] = PassRecord(record.name, "skipped", why, record.plugin,
-                                            record.seconds)
+        if isinstance(now, torch.dtype):
+            name = str(now).removeprefix("torch.")
+            self._undone_after_return(
+                (AUTOCAST_PASS,), f"the model was converted to {name} (Module.half(), "
+                f".double(), .to(dtype)); it computes in {name} as converted, without "
+                "autocast")
 
     def _note_later_compile_failure(self) -> None:
         """The compiled forward runs uncompiled for good once it failed at a call after

@@ -116,22 +116,33 @@ def saved_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
             if r.name == "torchbridge.checkpoint" and r.levelno == logging.WARNING]
 
 
+def skip_unless_applied(prepared: nn.Module, name: str) -> None:
+    report = torchbridge.optimization_result(prepared)
+    assert report is not None
+    if name not in [r.name for r in report.applied]:
+        pytest.skip(f"{name} did not run here: {report.summary()}")
+
+
+def the_save_warning(prepared: nn.Module, path: Path, caplog: pytest.LogCaptureFixture
+                     ) -> str:
+    """save_checkpoint's one warning on saving `prepared` to `path`."""
+    with caplog.at_level(logging.WARNING, "torchbridge.checkpoint"):
+        torchbridge.save_checkpoint(prepared, path)
+    warnings = saved_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    return warnings[0]
+
+
 def test_saving_a_model_with_bf16_weights_from_prepare_model_warns(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     model = mlp(16, 32, 4).eval()
     config = torchbridge.TorchBridgeConfig(precision="bfloat16",  # whatever the CPU has
                                            optimization={"disabled_passes": ["compile"]})
     prepared = torchbridge.get_backend("cpu", config=config).prepare_model(model, "O3")
-    report = torchbridge.optimization_result(prepared)
-    assert report is not None
-    if "low_precision_weights" not in [r.name for r in report.passes if r.status == "applied"]:
-        pytest.skip(f"low_precision_weights did not run here: {report.summary()}")
-    with caplog.at_level(logging.WARNING, "torchbridge.checkpoint"):
-        torchbridge.save_checkpoint(prepared, tmp_path / "prepared.pt")
-    warnings = saved_warnings(caplog)
-    assert len(warnings) == 1, warnings
-    assert "low_precision_weights" in warnings[0] and "4 tensors in bfloat16" in warnings[0]
-    assert "save the model you prepared from" in warnings[0]
+    skip_unless_applied(prepared, "low_precision_weights")
+    warning = the_save_warning(prepared, tmp_path / "prepared.pt", caplog)
+    assert "low_precision_weights" in warning and "4 tensors in bfloat16" in warning
+    assert "save the model you prepared from" in warning
     # What the prepared model holds is written as it is: weights and biases in bf16.
     saved = torchbridge.load_checkpoint(tmp_path / "prepared.pt")
     assert {v.dtype for v in saved.values()} == {torch.bfloat16}
@@ -150,16 +161,10 @@ def test_saving_a_quantized_model_names_its_quantized_tensors(
     config = torchbridge.TorchBridgeConfig(optimization={"disabled_passes": ["compile"]})
     prepared = torchbridge.get_backend("cpu", config=config).prepare_model(
         model, "O3", sample_input=torch.randn(16, 64), quantize="int8_weight_only")
-    report = torchbridge.optimization_result(prepared)
-    assert report is not None
-    if "quantize" not in [r.name for r in report.applied]:
-        pytest.skip(f"quantize did not run here: {report.summary()}")
-    with caplog.at_level(logging.WARNING, "torchbridge.checkpoint"):
-        torchbridge.save_checkpoint(prepared, tmp_path / "prepared.pt")
-    warnings = saved_warnings(caplog)
-    assert len(warnings) == 1, warnings
-    assert "quantize" in warnings[0] and "quantized tensors (" in warnings[0]
-    assert "the model as built cannot load the quantized ones" in warnings[0]
+    skip_unless_applied(prepared, "quantize")
+    warning = the_save_warning(prepared, tmp_path / "prepared.pt", caplog)
+    assert "quantize" in warning and "quantized tensors (" in warning
+    assert "the model as built cannot load the quantized ones" in warning
 
 
 # -- 6. an optimizer over another model's parameters ------------------------------------------
